@@ -1,0 +1,147 @@
+"""Command line: ``posttrain train|eval|envs``.
+
+User mistakes (a bad config, a missing file, an unknown environment or model) print one line
+naming what is wrong and exit with code 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from posttrain.config import ConfigError, load_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Reinforcement-learning post-training of LLM agents.")
+console = Console(stderr=True)
+
+SET_HELP = "Override a config field, e.g. --set train.steps=10 (repeatable)."
+
+
+class UserError(Exception):
+    """Raised for mistakes the user can fix; reported as one line with exit code 2."""
+
+
+def _quiet_libraries() -> None:
+    """Keep the terminal for our own progress: no per-file bars from transformers."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+@contextmanager
+def _user_errors():
+    from posttrain.envs.registry import EnvError
+    from posttrain.models.loading import ModelLoadError
+
+    _quiet_libraries()
+    try:
+        yield
+    except (ConfigError, EnvError, ModelLoadError, UserError, FileNotFoundError) as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+        console=console,
+    )
+
+
+@app.command()
+def train(
+    config: str = typer.Argument(..., help="YAML run config."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Train a policy with online RL, evaluating on the held-out split before and after."""
+    with _user_errors():
+        cfg = load_config(config, overrides)
+        from posttrain.train import Trainer
+
+        with _progress() as progress:
+            bars: dict[str, int] = {}
+
+            def hook(phase: str, done: int, total: int, info: dict) -> None:
+                if phase not in bars:
+                    bars[phase] = progress.add_task(phase, total=total, info="")
+                if phase == "eval" and done <= total and progress.tasks[bars[phase]].completed >= total:
+                    progress.reset(bars[phase], total=total)
+                text = ""
+                if info:
+                    text = f"reward {info['reward_mean']:.2f}  {info['step_seconds']:.1f}s/step"
+                progress.update(bars[phase], completed=done, info=text)
+
+            try:
+                trainer = Trainer(cfg, progress=hook)
+            except ValueError as e:
+                raise UserError(str(e)) from None
+            result = trainer.train()
+    table = Table(title=f"posttrain: {cfg.model.name} on {cfg.env.id}, {result.steps} steps in {result.seconds / 60:.1f} min")
+    table.add_column("held-out")
+    table.add_column("accuracy", justify="right")
+    table.add_column("mean reward", justify="right")
+    for name, r in (("before", result.before), ("after", result.after)):
+        if r is not None:
+            table.add_row(name, f"{r.accuracy:.1%}", f"{r.reward_mean:.3f}")
+    Console().print(table)
+    Console().print(f"run directory: {result.run_dir}")
+
+
+@app.command("eval")
+def eval_cmd(
+    config: str = typer.Argument(..., help="YAML run config (its model, env and eval sections are used)."),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Checkpoint or model directory to evaluate."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Evaluate a policy on the environment's held-out split."""
+    with _user_errors():
+        cfg = load_config(config, overrides)
+        from posttrain.envs import make_env
+        from posttrain.eval import evaluate
+        from posttrain.models import Policy
+        from posttrain.rollout import HFBackend
+
+        env = make_env(cfg.env.id, cfg.env.kwargs)
+        tasks = list(env.tasks("eval"))[: cfg.eval.num_tasks]
+        policy = Policy.load(cfg.model, checkpoint=checkpoint)
+        backend = HFBackend(policy.model, policy.tokenizer, cfg.eval.batch_size, cfg.seed)
+        with _progress() as progress:
+            bar = progress.add_task("eval", total=len(tasks), info="")
+            result = evaluate(env, backend, policy.tokenizer, tasks, cfg.eval, lambda n: progress.advance(bar, n))
+    if as_json:
+        sys.stdout.write(json.dumps({"checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.id,
+                                     **result.metrics()}) + "\n")
+    else:
+        Console().print(f"held-out accuracy {result.accuracy:.1%}  mean reward {result.reward_mean:.3f}  "
+                        f"({result.num_tasks} tasks, {result.errors} errors)")
+
+
+@app.command()
+def envs() -> None:
+    """List the registered environments."""
+    from posttrain.envs import registered
+
+    table = Table()
+    table.add_column("id")
+    table.add_column("description")
+    for spec in registered():
+        table.add_row(spec.id, spec.description)
+    Console().print(table)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

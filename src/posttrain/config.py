@@ -1,0 +1,243 @@
+"""Typed run configuration, loaded from YAML and overridable with ``--set a.b=c``.
+
+Every field has a default and a description; ``posttrain train --help-config`` and the README's
+config reference are generated from these descriptions. Unknown keys are errors (a misspelled
+``learning_rte`` must not silently train with the default).
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A user mistake in a config file or override; the message names the key and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraConfig(_Section):
+    enabled: bool = Field(False, description="Train LoRA adapters (Hu et al. 2021) instead of all weights.")
+    r: int = Field(16, gt=0, description="LoRA rank.")
+    alpha: int = Field(32, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Names of the linear layers that get adapters.",
+    )
+
+
+class ModelSection(_Section):
+    name: str = Field(
+        "smollm2-135m-instruct",
+        description="Policy to train: a preset (smollm2-135m-instruct, tiny-random), a local "
+        "directory, or a Hugging Face model id.",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Weight dtype. float32 is faster than bfloat16 on CPUs without AMX."
+    )
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter settings.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in backward to save memory (slower)."
+    )
+    logprob_chunk_size: int = Field(
+        512,
+        gt=0,
+        description="Tokens per chunk when computing log-probabilities: only one chunk of "
+        "[chunk, vocab] logits exists at a time.",
+    )
+
+
+class EnvSection(_Section):
+    id: str = Field(
+        "arithmetic",
+        description="Registered environment id (see `posttrain envs`) or 'package.module:ClassName'.",
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments passed to the environment's constructor."
+    )
+
+
+class AlgorithmSection(_Section):
+    name: Literal["grpo"] = Field("grpo", description="Policy-optimisation algorithm.")
+    group_size: int = Field(
+        8, ge=2, description="G: completions sampled per task; advantages are relative within the group."
+    )
+    scale_rewards: bool = Field(
+        True,
+        description="Divide group-centred rewards by the group's std (GRPO, Shao et al. 2024). "
+        "False gives Dr. GRPO's unscaled advantages (Liu et al. 2025).",
+    )
+    epsilon_low: float = Field(0.2, ge=0.0, description="Lower clip range: ratio >= 1 - epsilon_low.")
+    epsilon_high: float = Field(
+        0.2, ge=0.0, description="Upper clip range: ratio <= 1 + epsilon_high (DAPO's clip-higher uses 0.28)."
+    )
+    beta: float = Field(
+        0.0, ge=0.0, description="KL coefficient to the frozen reference model (k3 estimator); "
+        "0 skips the reference model entirely."
+    )
+    loss_aggregation: Literal["token", "sequence"] = Field(
+        "token",
+        description="'token': mean over all sampled tokens in the batch (DAPO); 'sequence': mean "
+        "per sequence, then over sequences (original GRPO).",
+    )
+    num_iterations: int = Field(
+        1, ge=1, description="Optimisation passes over each sampled batch (mu in the GRPO paper)."
+    )
+
+
+class RolloutSection(_Section):
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature for training rollouts.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
+    max_new_tokens: int = Field(64, gt=0, description="Most tokens the policy may generate per turn.")
+    stop: list[str] = Field(
+        default_factory=list, description="Strings that end a generation (EOS always does)."
+    )
+    batch_size: int = Field(64, gt=0, description="Most sequences generated in one batched call.")
+
+
+class TrainSection(_Section):
+    steps: int = Field(60, ge=0, description="Policy updates (each samples a fresh batch).")
+    tasks_per_step: int = Field(
+        2, gt=0, description="Tasks sampled per step; the batch is tasks_per_step x group_size."
+    )
+    minibatch_size: int = Field(
+        0, ge=0, description="Sequences per optimiser step; 0 means the whole batch in one step."
+    )
+    microbatch_size: int = Field(
+        16, gt=0, description="Sequences per forward/backward pass (gradient accumulation)."
+    )
+    learning_rate: float = Field(1e-5, gt=0.0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in optimiser steps.")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    checkpoint_every: int = Field(
+        0, ge=0, description="Save a checkpoint every N steps (0: only at the end)."
+    )
+    threads: int = Field(0, ge=0, description="torch CPU threads; 0 uses every core.")
+
+
+class EvalSection(_Section):
+    num_tasks: int = Field(100, gt=0, description="Held-out tasks evaluated (the first N of the eval split).")
+    every: int = Field(0, ge=0, description="Evaluate every N training steps (0: only before and after).")
+    before_training: bool = Field(True, description="Evaluate the initial policy before step 1.")
+    temperature: float = Field(0.0, ge=0.0, description="0 means greedy decoding.")
+    max_new_tokens: int = Field(64, gt=0, description="Most tokens generated per held-out answer.")
+    batch_size: int = Field(64, gt=0, description="Held-out tasks generated per batched call.")
+
+
+class RunConfig(_Section):
+    model: ModelSection = Field(default_factory=ModelSection, description="The policy.")
+    env: EnvSection = Field(default_factory=EnvSection, description="The environment.")
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection, description="The RL algorithm.")
+    rollout: RolloutSection = Field(default_factory=RolloutSection, description="Trajectory sampling.")
+    train: TrainSection = Field(default_factory=TrainSection, description="The training loop.")
+    eval: EvalSection = Field(default_factory=EvalSection, description="Held-out evaluation.")
+    output_dir: str = Field("runs/default", description="Run directory: checkpoints, metrics, logs.")
+    seed: int = Field(0, description="Seed for task sampling, generation and initialisation.")
+
+    @model_validator(mode="after")
+    def _batch_divisible(self) -> "RunConfig":
+        batch = self.train.tasks_per_step * self.algorithm.group_size
+        mb = self.train.minibatch_size
+        if mb and batch % mb:
+            raise ValueError(
+                f"train.minibatch_size ({mb}) must divide the batch "
+                f"(train.tasks_per_step x algorithm.group_size = {batch})"
+            )
+        return self
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML config, apply ``a.b=c`` overrides, validate. Raises ConfigError."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p} (expected a YAML file)")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: expected a mapping of sections at the top level, got {type(loaded).__name__}")
+        raw = loaded
+    for item in overrides or []:
+        _apply_override(raw, item)
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as e:
+        source = str(path) if path is not None else "config"
+        raise ConfigError(f"{source}: {_describe(e)}") from None
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> None:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE, for example train.steps=10")
+    node = raw
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {item!r}: {part} is not a section")
+        node = child
+    try:
+        node[parts[-1]] = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        node[parts[-1]] = value
+
+
+def _describe(error: ValidationError) -> str:
+    """One line per problem, naming the dotted key and what was expected."""
+    lines = []
+    for err in error.errors():
+        loc = ".".join(str(x) for x in err["loc"])
+        if err["type"] == "extra_forbidden":
+            parent = _section_for(err["loc"][:-1])
+            known = sorted(parent.model_fields) if parent else []
+            hint = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
+            msg = f"unknown key '{loc}'"
+            if hint:
+                msg += f" (did you mean '{'.'.join([*map(str, err['loc'][:-1]), hint[0]])}'?)"
+            elif known:
+                msg += f" (expected one of: {', '.join(known)})"
+            lines.append(msg)
+        elif loc:
+            lines.append(f"'{loc}': {err['msg']} (got {err.get('input')!r})")
+        else:
+            lines.append(err["msg"].removeprefix("Value error, "))
+    return "; ".join(lines)
+
+
+def _section_for(loc: tuple) -> type[BaseModel] | None:
+    model: type[BaseModel] = RunConfig
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return None
+        model = field.annotation
+    return model
+
+
+def field_reference(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, description) for every leaf field, for docs and --help."""
+    rows = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows.extend(field_reference(ann, key + "."))
+        else:
+            default = field.get_default(call_default_factory=True)
+            rows.append((key, repr(default), field.description or ""))
+    return rows

@@ -1,0 +1,74 @@
+"""Environment registry: built-in ids, and any user class named as 'package.module:ClassName'."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+
+
+class EnvError(ValueError):
+    """The configured environment cannot be found or built; the message says why."""
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    id: str
+    entry_point: str
+    description: str
+
+
+_REGISTRY: dict[str, EnvSpec] = {}
+
+
+def register(env_id: str, entry_point: str, description: str) -> None:
+    """Make ``env_id`` resolvable in configs (``env: {id: ...}``)."""
+    _REGISTRY[env_id] = EnvSpec(env_id, entry_point, description)
+
+
+def registered() -> list[EnvSpec]:
+    return sorted(_REGISTRY.values(), key=lambda s: s.id)
+
+
+def _import(entry_point: str):
+    module_name, _, attr = entry_point.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise EnvError(f"env.id {entry_point!r}: cannot import module {module_name!r} ({e})") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise EnvError(f"env.id {entry_point!r}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env:
+    """Build the environment named by a registered id or a 'package.module:ClassName' path."""
+    if env_id in _REGISTRY:
+        cls = _import(_REGISTRY[env_id].entry_point)
+    elif ":" in env_id:
+        cls = _import(env_id)
+    else:
+        known = ", ".join(s.id for s in registered())
+        raise EnvError(f"env.id {env_id!r} is not registered (known: {known}; or use 'package.module:ClassName')")
+    try:
+        env = cls(**(kwargs or {}))
+    except (TypeError, ValueError) as e:
+        raise EnvError(f"env {env_id!r} with kwargs {kwargs or {}}: {e}") from None
+    if not isinstance(env, gym.Env):
+        raise EnvError(f"env.id {env_id!r} built a {type(env).__name__}, expected a gymnasium.Env")
+    if not hasattr(env, "tasks"):
+        raise EnvError(
+            f"env {env_id!r} has no tasks(split) method: posttrain needs it to draw training "
+            "and held-out tasks"
+        )
+    return env
+
+
+register(
+    "arithmetic",
+    "posttrain.envs.arithmetic:ArithmeticEnv",
+    "Arithmetic (word) problems, difficulty 1-5; reward 1 for the exact final number",
+)

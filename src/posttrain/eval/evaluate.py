@@ -1,0 +1,59 @@
+"""Held-out evaluation: success rate and mean reward of the policy on the eval split."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+
+from posttrain.config import EvalSection
+from posttrain.rollout.backend import GenerationBackend, SamplingParams
+from posttrain.rollout.episodes import run_episodes
+from posttrain.types import Task, Trajectory
+
+
+@dataclass
+class EvalResult:
+    accuracy: float
+    reward_mean: float
+    num_tasks: int
+    errors: int
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    def metrics(self) -> dict[str, float]:
+        return {"accuracy": self.accuracy, "reward_mean": self.reward_mean,
+                "num_tasks": float(self.num_tasks), "errors": float(self.errors)}
+
+
+def evaluate(
+    env: gym.Env,
+    backend: GenerationBackend,
+    tokenizer,
+    tasks: list[Task],
+    cfg: EvalSection,
+    on_progress: Callable[[int], None] | None = None,
+) -> EvalResult:
+    """One answer per held-out task (greedy unless ``cfg.temperature`` > 0)."""
+    params = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+    trajectories: list[Trajectory] = []
+    for start in range(0, len(tasks), cfg.batch_size):
+        chunk = tasks[start : start + cfg.batch_size]
+        trajectories += run_episodes(env, backend, tokenizer, chunk, params)
+        if on_progress:
+            on_progress(len(chunk))
+    n = max(len(trajectories), 1)
+    samples = [
+        {"task_id": t.task.id, "prompt": t.task.prompt, "answer": str(t.task.answer),
+         "completion": tokenizer.decode(t.completion_ids, skip_special_tokens=True),
+         "reward": t.reward, "correct": t.correct, "error": t.error}
+        for t in trajectories
+    ]
+    return EvalResult(
+        accuracy=sum(t.correct for t in trajectories) / n,
+        reward_mean=sum(t.reward for t in trajectories) / n,
+        num_tasks=len(trajectories),
+        errors=sum(t.error is not None for t in trajectories),
+        samples=samples,
+    )

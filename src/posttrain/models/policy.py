@@ -1,0 +1,91 @@
+"""The trainable policy: model + tokenizer, and the frozen reference when the KL needs one."""
+
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+from peft import PeftModel
+
+from posttrain.config import ModelSection
+from posttrain.models.loading import load_model, load_tokenizer
+from posttrain.models.logprobs import token_logprobs
+from posttrain.models.lora import apply_lora
+
+
+class Policy:
+    """A causal LM being trained, with helpers the trainer and the rollout share.
+
+    The reference model exists only when ``need_reference`` (KL coefficient > 0). With LoRA it
+    costs nothing: the reference is the same network with its adapters switched off.
+    """
+
+    def __init__(self, model, tokenizer, cfg: ModelSection, need_reference: bool = False):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self._reference = None
+        if need_reference and not isinstance(model, PeftModel):
+            self._reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.has_reference = need_reference
+
+    @classmethod
+    def load(cls, cfg: ModelSection, need_reference: bool = False, checkpoint: str | Path | None = None) -> "Policy":
+        """Load ``cfg.name`` (or a saved checkpoint of it), with LoRA when configured."""
+        if checkpoint is not None:
+            path = _model_dir(Path(checkpoint))
+            if (path / "adapter_config.json").is_file():
+                base = load_model(cfg.name, cfg.dtype)
+                model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
+            else:
+                model = load_model(str(path), cfg.dtype)
+            tokenizer = load_tokenizer(str(path))
+        else:
+            model = load_model(cfg.name, cfg.dtype)
+            tokenizer = load_tokenizer(cfg.name)
+            if cfg.lora.enabled:
+                model = apply_lora(model, cfg.lora)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
+        return cls(model, tokenizer, cfg, need_reference)
+
+    @property
+    def pad_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def logprobs(self, input_ids, attention_mask, positions=None) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs(self.model, input_ids, attention_mask, positions, self.cfg.logprob_chunk_size)
+
+    @torch.no_grad()
+    def reference_logprobs(self, input_ids, attention_mask, positions=None) -> torch.Tensor:
+        if not self.has_reference:
+            raise RuntimeError("reference log-probs requested but the policy was loaded without a reference")
+        if self._reference is not None:
+            model, ctx = self._reference, nullcontext()
+        else:
+            model, ctx = self.model, self.model.disable_adapter()
+        with ctx:
+            lp, _ = token_logprobs(model, input_ids, attention_mask, positions, self.cfg.logprob_chunk_size)
+        return lp
+
+    def save(self, path: str | Path) -> None:
+        """Save weights (or only the adapters, with LoRA) and the tokenizer as a loadable directory."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+
+def _model_dir(path: Path) -> Path:
+    """Accept a run's checkpoint directory (which holds ``model/``) or a model directory itself."""
+    if (path / "model").is_dir():
+        path = path / "model"
+    if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"checkpoint {path}: no config.json or adapter_config.json (expected a saved model)")
+    return path

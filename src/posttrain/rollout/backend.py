@@ -1,0 +1,41 @@
+"""The interface every generation engine implements (HF on CPU today, vLLM on GPUs later)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. ``temperature == 0`` means greedy decoding."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass
+class Generation:
+    """One sampled continuation: the exact token ids and the sampler's log-probability of each.
+
+    ``logprobs`` are under the temperature-scaled distribution the token was drawn from
+    (0 for greedy decoding). ``finish_reason`` is "stop" (EOS or a stop string) or "length".
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"]
+
+
+class GenerationBackend(Protocol):
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, num_samples: int = 1
+    ) -> list[Generation]:
+        """Sample ``num_samples`` continuations of each prompt (token ids in, token ids out).
+
+        Returns ``len(prompts) * num_samples`` generations, grouped by prompt: the samples of
+        prompt i are at ``i * num_samples ... (i + 1) * num_samples - 1``.
+        """
+        ...

@@ -1,0 +1,122 @@
+"""Batched generation with a Hugging Face model on CPU, token ids in and out.
+
+Our own decode loop over the model's KV cache rather than ``model.generate``, for three reasons
+that matter for RL on a CPU:
+- it returns the sampled tokens' log-probabilities without keeping every step's logits;
+- each prompt is prefilled once and its cache copied for its ``num_samples`` samples;
+- rows that finished (EOS or a stop string) leave the batch, so late decode steps only pay for
+  the sequences still running.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+from posttrain.rollout.backend import Generation, SamplingParams
+from posttrain.rollout.sampling import sample_next
+
+
+class HFBackend:
+    """Generate with ``model`` (shared with the trainer, so it always has the latest weights)."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 64, seed: int = 0):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0])
+        self.generator = torch.Generator().manual_seed(seed)
+        # transformers 5.x renames forward's `past_key_values` to `cache`; use what this one takes.
+        forward_params = inspect.signature(getattr(model, "get_base_model", lambda: model)().forward).parameters
+        self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, num_samples: int = 1) -> list[Generation]:
+        if num_samples > 1 and params.temperature == 0:
+            raise ValueError("several samples of one prompt need temperature > 0")
+        per_call = max(1, self.batch_size // num_samples)
+        out: list[Generation] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(prompts), per_call):
+                out.extend(self._generate_chunk(prompts[start : start + per_call], params, num_samples))
+        finally:
+            self.model.train(was_training)
+        return out
+
+    @torch.no_grad()
+    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams, n: int) -> list[Generation]:
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("cannot generate from an empty prompt")
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):  # left padding keeps every row's next position at the end
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+            **{self._cache_kwarg: cache},
+        ).logits[:, -1]
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, 0)
+            mask = mask.repeat_interleave(n, 0)
+            positions = positions.repeat_interleave(n, 0)
+
+        rows = mask.shape[0]
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        logps: list[list[float]] = [[] for _ in range(rows)]
+        finish = ["length"] * rows
+        active = torch.arange(rows)  # original row index of each row still in the batch
+        next_pos = positions[:, -1] + 1
+        eos = torch.tensor(self.eos_ids)
+        for step in range(params.max_new_tokens):
+            tok, lp = sample_next(logits, params.temperature, params.top_p, self.generator)
+            done = torch.isin(tok, eos)
+            for j, (row, t, l) in enumerate(zip(active.tolist(), tok.tolist(), lp.tolist())):
+                tokens[row].append(t)
+                logps[row].append(l)
+                if done[j] or (params.stop and self._hit_stop(tokens[row], params.stop)):
+                    done[j] = True
+                    finish[row] = "stop"
+            if step == params.max_new_tokens - 1:
+                break
+            keep = ~done
+            if not keep.any():
+                break
+            if not keep.all():
+                idx = keep.nonzero().squeeze(-1)
+                cache.batch_select_indices(idx)
+                active, tok, mask, next_pos = active[idx], tok[idx], mask[idx], next_pos[idx]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            logits = self.model(
+                input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=next_pos.unsqueeze(-1),
+                use_cache=True, **{self._cache_kwarg: cache},
+            ).logits[:, -1]
+            next_pos = next_pos + 1
+        return [Generation(tokens[r], logps[r], finish[r]) for r in range(rows)]  # type: ignore[arg-type]
+
+    def _hit_stop(self, tokens: list[int], stop: tuple[str, ...]) -> bool:
+        # Only the last few tokens can complete a stop string that was not there a step ago.
+        longest = max(len(s) for s in stop)
+        tail = self.tokenizer.decode(tokens[-(longest + 2) :], skip_special_tokens=False)
+        return any(s in tail for s in stop)
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids: set[int] = set()
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (gen_eos, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(int(v) for v in value)
+    if not ids:
+        raise ValueError("the tokenizer and model define no EOS token; generation could never stop")
+    return sorted(ids)

@@ -1,0 +1,264 @@
+"""The online RL loop: sample tasks -> roll out G completions -> reward -> advantages -> update.
+
+The trainer composes the pieces; the algorithm math lives in ``posttrain.algorithms``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from posttrain.algorithms import group_relative_advantages, grpo_loss, zero_variance_groups
+from posttrain.config import RunConfig
+from posttrain.envs import make_env
+from posttrain.eval import EvalResult, evaluate
+from posttrain.models import Policy
+from posttrain.rollout import HFBackend, SamplingParams, run_episodes
+from posttrain.train.checkpoint import save_checkpoint
+from posttrain.train.metrics import MetricsLogger
+from posttrain.types import Batch, Task, Trajectory
+
+ProgressHook = Callable[[str, int, int, dict], None]
+"""Called as hook(phase, done, total, info) with phase 'train' or 'eval'."""
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    before: EvalResult | None
+    after: EvalResult | None
+    steps: int
+    seconds: float
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, progress: ProgressHook | None = None):
+        self.cfg = cfg
+        self.progress = progress or (lambda *a: None)
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.run_dir = Path(cfg.output_dir)
+        self.env = make_env(cfg.env.id, cfg.env.kwargs)
+        self.train_tasks = list(self.env.tasks("train"))
+        self.eval_tasks = list(self.env.tasks("eval"))[: cfg.eval.num_tasks]
+        if not self.train_tasks:
+            raise ValueError(f"env {cfg.env.id!r} has no training tasks")
+        self.policy = Policy.load(cfg.model, need_reference=cfg.algorithm.beta > 0)
+        self.backend = HFBackend(self.policy.model, self.policy.tokenizer, cfg.rollout.batch_size, cfg.seed)
+        self.optimizer = torch.optim.AdamW(
+            self.policy.trainable_parameters(), lr=cfg.train.learning_rate, weight_decay=cfg.train.weight_decay
+        )
+        warmup = cfg.train.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+        )
+        self.sampling = SamplingParams(
+            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+            max_new_tokens=cfg.rollout.max_new_tokens, stop=tuple(cfg.rollout.stop),
+        )
+        self._task_rng = random.Random(cfg.seed)
+        self._task_order: list[int] = []
+        self.step = 0
+
+    # ----------------------------------------------------------------- loop
+
+    def train(self) -> TrainResult:
+        cfg = self.cfg
+        start = time.time()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+        logger = MetricsLogger(self.run_dir)
+        try:
+            before = self.evaluate(logger) if cfg.eval.before_training else None
+            while self.step < cfg.train.steps:
+                self.step += 1
+                metrics = self.train_step()
+                logger.log("train", self.step, metrics)
+                self.progress("train", self.step, cfg.train.steps, metrics)
+                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
+                    self.evaluate(logger)
+                if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+                    self.save()
+            after = self.evaluate(logger)
+            if not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every:
+                self.save()
+        finally:
+            logger.close()
+        result = TrainResult(self.run_dir, before, after, self.step, time.time() - start)
+        summary = {
+            "steps": self.step, "seconds": result.seconds,
+            "before": before.metrics() if before else None, "after": after.metrics(),
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return result
+
+    def evaluate(self, logger: MetricsLogger | None = None) -> EvalResult:
+        done = 0
+
+        def tick(n: int) -> None:
+            nonlocal done
+            done += n
+            self.progress("eval", done, len(self.eval_tasks), {})
+
+        result = evaluate(self.env, self.backend, self.policy.tokenizer, self.eval_tasks, self.cfg.eval, tick)
+        if logger:
+            logger.log("eval", self.step, result.metrics())
+            samples = self.run_dir / "eval_samples" / f"step-{self.step:06d}.jsonl"
+            samples.parent.mkdir(parents=True, exist_ok=True)
+            samples.write_text("".join(json.dumps(s) + "\n" for s in result.samples))
+        return result
+
+    def save(self) -> Path:
+        return save_checkpoint(self.run_dir, self.step, self.policy, self.optimizer, self.scheduler,
+                               {"task_rng": self._task_rng.getstate(), "task_order": self._task_order})
+
+    # ----------------------------------------------------------------- one step
+
+    def _next_tasks(self, n: int) -> list[Task]:
+        """Draw tasks without replacement, reshuffling the training split each epoch."""
+        picked = []
+        for _ in range(n):
+            if not self._task_order:
+                self._task_order = list(range(len(self.train_tasks)))
+                self._task_rng.shuffle(self._task_order)
+            picked.append(self.train_tasks[self._task_order.pop()])
+        return picked
+
+    def train_step(self) -> dict[str, float]:
+        cfg, algo = self.cfg, self.cfg.algorithm
+        t0 = time.time()
+        tasks = self._next_tasks(cfg.train.tasks_per_step)
+        trajectories = run_episodes(self.env, self.backend, self.policy.tokenizer, tasks, self.sampling, algo.group_size)
+        t_gen = time.time() - t0
+
+        rewards = torch.tensor([t.reward for t in trajectories])
+        advantages = group_relative_advantages(rewards, algo.group_size, scale=algo.scale_rewards)
+        batch = Batch.from_trajectories(trajectories, advantages.tolist(), self.policy.pad_id)
+        update = self._update(batch)
+        t_total = time.time() - t0
+
+        sampled = sum(t.num_sampled_tokens for t in trajectories)
+        metrics = {
+            "reward_mean": rewards.mean().item(),
+            "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
+            "accuracy": sum(t.correct for t in trajectories) / len(trajectories),
+            "completion_tokens_mean": sampled / len(trajectories),
+            "truncated_fraction": sum(t.finish_reason == "length" for t in trajectories) / len(trajectories),
+            "errors": float(sum(t.error is not None for t in trajectories)),
+            "zero_variance_groups": zero_variance_groups(rewards, algo.group_size).float().mean().item(),
+            "learning_rate": self.scheduler.get_last_lr()[0],
+            "generation_seconds": t_gen,
+            "step_seconds": t_total,
+            "tokens_per_second": sampled / max(t_total, 1e-9),
+            **update,
+        }
+        return metrics
+
+    def _update(self, batch: Batch) -> dict[str, float]:
+        """num_iterations passes of minibatch updates over one sampled batch."""
+        cfg, algo = self.cfg, self.cfg.algorithm
+        t0 = time.time()
+        # Rows whose advantage is 0 everywhere add nothing to the clipped surrogate; when there
+        # is no KL term they are skipped (their tokens still count in the normaliser, so the
+        # gradient is exactly the full batch's).
+        if algo.beta == 0:
+            contributing = (batch.advantages.abs() * batch.loss_mask).sum(-1) > 0
+        else:
+            contributing = batch.loss_mask.sum(-1) > 0
+        keep = contributing.nonzero().squeeze(-1)
+        minibatch = cfg.train.minibatch_size or len(batch)
+        stats = RunningStats()
+        if keep.numel():
+            active = batch.select(keep)
+            if algo.num_iterations > 1:
+                active.old_logprobs = self._no_grad_logprobs(active, reference=False)
+            if algo.beta > 0:
+                active.ref_logprobs = self._no_grad_logprobs(active, reference=True)
+            # Minibatches are cut from the full batch, so each keeps its own normaliser (the
+            # sampled tokens of all its rows, skipped ones included).
+            owner = keep // minibatch
+            for _ in range(algo.num_iterations):
+                for mb_index in range(len(batch) // minibatch):
+                    rows = (owner == mb_index).nonzero().squeeze(-1)
+                    if rows.numel() == 0:
+                        continue
+                    full_rows = slice(mb_index * minibatch, (mb_index + 1) * minibatch)
+                    total_tokens = float(batch.loss_mask[full_rows].sum().clamp(min=1))
+                    self._minibatch_step(active.select(rows), total_tokens, float(minibatch), stats)
+        out = stats.result()
+        out.setdefault("loss", 0.0)  # nothing contributed: the loss is exactly zero
+        out["optimizer_steps"] = float(stats.count("grad_norm"))
+        out["train_seconds"] = time.time() - t0
+        return out
+
+    @torch.no_grad()
+    def _no_grad_logprobs(self, batch: Batch, reference: bool) -> torch.Tensor:
+        out = torch.zeros_like(batch.loss_mask)
+        mb = self.cfg.train.microbatch_size
+        fn = self.policy.reference_logprobs if reference else (lambda *a: self.policy.logprobs(*a)[0])
+        for s in range(0, len(batch), mb):
+            part = batch.select(slice(s, s + mb))
+            out[s : s + mb, : part.input_ids.shape[1]] = fn(part.input_ids, part.attention_mask, part.loss_mask)
+        return out
+
+    def _minibatch_step(self, mb: Batch, total_tokens: float, total_sequences: float, stats: "RunningStats") -> None:
+        algo = self.cfg.algorithm
+        self.optimizer.zero_grad(set_to_none=True)
+        # Length-sorted micro-batches waste less compute on padding.
+        order = mb.attention_mask.sum(-1).argsort(descending=True)
+        size = self.cfg.train.microbatch_size
+        loss_total = 0.0
+        for s in range(0, len(order), size):
+            micro = mb.select(order[s : s + size])
+            logprobs, entropy = self.policy.logprobs(micro.input_ids, micro.attention_mask, micro.loss_mask)
+            old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
+            loss, loss_stats = grpo_loss(
+                logprobs, old, micro.advantages, micro.loss_mask,
+                epsilon_low=algo.epsilon_low, epsilon_high=algo.epsilon_high, beta=algo.beta,
+                ref_logprobs=micro.ref_logprobs, aggregation=algo.loss_aggregation,
+                total_tokens=total_tokens, total_sequences=total_sequences,
+            )
+            loss.backward()
+            loss_total += loss.item()
+            n = float(micro.loss_mask.sum())
+            stats.add("entropy", float((entropy * micro.loss_mask).sum()) / max(n, 1.0), n)
+            for k, v in loss_stats.items():
+                stats.add(k, float(v), n)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), self.cfg.train.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        stats.add("loss", loss_total)
+        stats.add("grad_norm", float(grad_norm))
+
+
+class RunningStats:
+    """Weighted means over micro-batches; keys ending in _min/_max keep the extreme instead."""
+
+    def __init__(self) -> None:
+        self._sum: dict[str, float] = {}
+        self._weight: dict[str, float] = {}
+        self._count: dict[str, int] = {}
+
+    def add(self, key: str, value: float, weight: float = 1.0) -> None:
+        self._count[key] = self._count.get(key, 0) + 1
+        if key.endswith("_min") or key.endswith("_max"):
+            pick = min if key.endswith("_min") else max
+            self._sum[key] = pick(self._sum.get(key, value), value)
+            self._weight[key] = 1.0
+            return
+        self._sum[key] = self._sum.get(key, 0.0) + value * weight
+        self._weight[key] = self._weight.get(key, 0.0) + weight
+
+    def count(self, key: str) -> int:
+        return self._count.get(key, 0)
+
+    def result(self) -> dict[str, float]:
+        return {k: self._sum[k] / self._weight[k] if self._weight[k] else 0.0 for k in self._sum}

@@ -1,0 +1,150 @@
+"""The data that flows between the stages of the loop.
+
+environment -> (Task) -> rollout -> (Trajectory) -> reward -> (Batch) -> policy update
+
+Every stage takes and returns these types; nothing crosses a stage boundary as a loose dict.
+Token ids are plain Python lists here (cheap to store and serialise); the trainer turns a
+group of trajectories into padded tensors in :class:`Batch`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem an environment can pose.
+
+    ``id`` is stable across runs (used to group samples and to keep splits disjoint);
+    ``prompt`` is what the agent first sees; ``answer`` is the ground truth the reward checks,
+    if the task has one; ``metadata`` carries anything else the environment needs.
+    """
+
+    id: str
+    prompt: str
+    answer: Any = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Step:
+    """One agent turn: the text it produced and what the environment answered."""
+
+    action: str
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    """One episode of one task, token in / token out.
+
+    ``completion_ids`` holds every token after the prompt: the tokens the policy sampled and,
+    in multi-turn episodes, the template-rendered environment observations between them.
+    ``loss_mask[i]`` is 1 exactly when ``completion_ids[i]`` was sampled by the policy, and
+    ``behaviour_logprobs[i]`` is the sampler's log-probability of that token (0 where mask is 0).
+    ``reward`` is the final (outcome) reward; ``step_rewards`` the per-turn process signal.
+    ``error`` is set when the episode failed for a reason other than the agent's answer
+    (an environment exception, a timeout); such trajectories get zero reward and still count.
+    """
+
+    task: Task
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    loss_mask: list[int]
+    behaviour_logprobs: list[float]
+    steps: list[Step] = field(default_factory=list)
+    reward: float = 0.0
+    error: str | None = None
+    finish_reason: str = "stop"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.completion_ids)
+        if len(self.loss_mask) != n or len(self.behaviour_logprobs) != n:
+            raise ValueError(
+                f"trajectory of task {self.task.id!r}: completion_ids ({n}), loss_mask "
+                f"({len(self.loss_mask)}) and behaviour_logprobs "
+                f"({len(self.behaviour_logprobs)}) must have the same length"
+            )
+
+    @property
+    def step_rewards(self) -> list[float]:
+        return [s.reward for s in self.steps]
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def correct(self) -> bool:
+        """True when the environment said the episode was solved (``info['correct']``)."""
+        return any(bool(s.info.get("correct")) for s in self.steps)
+
+
+@dataclass
+class Batch:
+    """Right-padded tensors for a set of trajectories, ready for a forward pass.
+
+    Shapes are ``[B, T]`` where T = longest prompt + completion. ``loss_mask`` is 1 only on
+    policy-sampled completion tokens; ``advantages`` is per token (a per-trajectory advantage
+    broadcast over its tokens, or a per-token one from GAE).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def select(self, index: torch.Tensor | slice) -> "Batch":
+        """Rows ``index`` of every tensor, trimmed to the longest remaining sequence."""
+        width = int(self.attention_mask[index].sum(dim=1).max().item())
+
+        def take(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[index][:, :width]
+
+        return Batch(
+            input_ids=take(self.input_ids),
+            attention_mask=take(self.attention_mask),
+            loss_mask=take(self.loss_mask),
+            advantages=take(self.advantages),
+            old_logprobs=take(self.old_logprobs),
+            ref_logprobs=take(self.ref_logprobs),
+        )
+
+    @staticmethod
+    def from_trajectories(
+        trajectories: list[Trajectory], advantages: list[float], pad_id: int
+    ) -> "Batch":
+        """Right-pad trajectories into tensors; each trajectory's advantage covers its tokens.
+
+        Logprob tensors are aligned with ``input_ids``: position t holds log p(input_ids[t]).
+        """
+        if len(trajectories) != len(advantages):
+            raise ValueError("one advantage per trajectory is required")
+        rows = [t.prompt_ids + t.completion_ids for t in trajectories]
+        width = max(len(r) for r in rows)
+        b = len(rows)
+        input_ids = torch.full((b, width), pad_id, dtype=torch.long)
+        attention = torch.zeros((b, width), dtype=torch.long)
+        mask = torch.zeros((b, width), dtype=torch.float32)
+        adv = torch.zeros((b, width), dtype=torch.float32)
+        for i, (traj, row, a) in enumerate(zip(trajectories, rows, advantages)):
+            n, p = len(row), len(traj.prompt_ids)
+            input_ids[i, :n] = torch.tensor(row)
+            attention[i, :n] = 1
+            mask[i, p:n] = torch.tensor(traj.loss_mask, dtype=torch.float32)
+            adv[i, p:n] = a
+        return Batch(input_ids=input_ids, attention_mask=attention, loss_mask=mask, advantages=adv)
