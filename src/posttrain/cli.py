@@ -139,6 +139,14 @@ def envs() -> None:
     Console().print(table)
 
 
+@app.command("config")
+def config_reference() -> None:
+    """Print every config field with its default and meaning (Markdown)."""
+    from posttrain.config import reference_markdown
+
+    sys.stdout.write(reference_markdown() + "\n")
+
+
 def main() -> None:
     app()
 

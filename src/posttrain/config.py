@@ -1,7 +1,7 @@
 """Typed run configuration, loaded from YAML and overridable with ``--set a.b=c``.
 
-Every field has a default and a description; ``posttrain train --help-config`` and the README's
-config reference are generated from these descriptions. Unknown keys are errors (a misspelled
+Every field has a default and a description; ``posttrain config`` prints them, and the README's
+config reference is the same table (a test keeps the two equal). Unknown keys are errors (a misspelled
 ``learning_rte`` must not silently train with the default).
 """
 
@@ -241,3 +241,10 @@ def field_reference(model: type[BaseModel] = RunConfig, prefix: str = "") -> lis
             default = field.get_default(call_default_factory=True)
             rows.append((key, repr(default), field.description or ""))
     return rows
+
+
+def reference_markdown() -> str:
+    """The config reference as a Markdown table."""
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    lines += [f"| `{key}` | `{default}` | {description} |" for key, default, description in field_reference()]
+    return "\n".join(lines)

