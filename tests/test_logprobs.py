@@ -52,3 +52,38 @@ def test_chunked_gradient_matches_full(tiny_model):
     for p, g in zip(params, ref_grads):
         assert torch.allclose(p.grad, g, atol=1e-5)
     tiny_model.zero_grad()
+
+
+def grouped_batch():
+    """Two prompts of different lengths, three right-padded completions each."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 49152, (5,), generator=g), torch.randint(0, 49152, (8,), generator=g)]
+    rows, plens = [], []
+    for p in prompts:
+        for n in (4, 1, 6):
+            rows.append(torch.cat([p, torch.randint(0, 49152, (n,), generator=g)]))
+            plens.append(len(p))
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    completion = torch.zeros_like(ids)
+    for i, (r, p) in enumerate(zip(rows, plens)):
+        ids[i, : len(r)] = r
+        mask[i, : len(r)] = 1
+        completion[i, p : len(r)] = 1
+    return ids, mask, completion, torch.tensor(plens)
+
+
+def test_shared_prompt_forward_equals_full_forward_with_gradients(tiny_model):
+    ids, mask, completion, plens = grouped_batch()
+    tiny_model.zero_grad()
+    full, full_ent = token_logprobs(tiny_model, ids, mask, positions=completion, chunk_size=4)
+    full.sum().backward()
+    full_grads = [p.grad.clone() for p in tiny_model.parameters()]
+    tiny_model.zero_grad()
+    shared, shared_ent = token_logprobs(tiny_model, ids, mask, positions=completion, chunk_size=4, prompt_lengths=plens)
+    shared.sum().backward()
+    assert torch.allclose(shared, full, atol=1e-5) and torch.allclose(shared_ent, full_ent, atol=1e-4)
+    for p, g in zip(tiny_model.parameters(), full_grads):
+        assert torch.allclose(p.grad, g, atol=1e-5)
+    tiny_model.zero_grad()

@@ -93,7 +93,7 @@ class Trajectory:
 class Batch:
     """Right-padded tensors for a set of trajectories, ready for a forward pass.
 
-    Shapes are ``[B, T]`` where T = longest prompt + completion. ``loss_mask`` is 1 only on
+    Shapes are ``[B, T]`` where T = longest prompt + completion; ``prompt_lengths`` is ``[B]``. ``loss_mask`` is 1 only on
     policy-sampled completion tokens; ``advantages`` is per token (a per-trajectory advantage
     broadcast over its tokens, or a per-token one from GAE).
     """
@@ -102,6 +102,7 @@ class Batch:
     attention_mask: torch.Tensor
     loss_mask: torch.Tensor
     advantages: torch.Tensor
+    prompt_lengths: torch.Tensor
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
 
@@ -120,6 +121,7 @@ class Batch:
             attention_mask=take(self.attention_mask),
             loss_mask=take(self.loss_mask),
             advantages=take(self.advantages),
+            prompt_lengths=self.prompt_lengths[index],
             old_logprobs=take(self.old_logprobs),
             ref_logprobs=take(self.ref_logprobs),
         )
@@ -147,4 +149,6 @@ class Batch:
             attention[i, :n] = 1
             mask[i, p:n] = torch.tensor(traj.loss_mask, dtype=torch.float32)
             adv[i, p:n] = a
-        return Batch(input_ids=input_ids, attention_mask=attention, loss_mask=mask, advantages=adv)
+        prompt_lengths = torch.tensor([len(t.prompt_ids) for t in trajectories])
+        return Batch(input_ids=input_ids, attention_mask=attention, loss_mask=mask, advantages=adv,
+                     prompt_lengths=prompt_lengths)

@@ -35,8 +35,8 @@ class TextEnv(gym.Env):
     metadata: dict[str, Any] = {"render_modes": []}
 
     def __init__(self) -> None:
-        self.observation_space = Text(max_length=MAX_TEXT, charset=CHARSET)
-        self.action_space = Text(max_length=MAX_TEXT, charset=CHARSET)
+        self.observation_space = Text(max_length=MAX_TEXT, min_length=0, charset=CHARSET)
+        self.action_space = Text(max_length=MAX_TEXT, min_length=0, charset=CHARSET)
         self.task: Task | None = None
 
     def tasks(self, split: Split) -> Sequence[Task]:

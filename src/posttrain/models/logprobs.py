@@ -5,13 +5,32 @@ autograd would keep them (and their softmax) alive until backward. Instead we ru
 once, select only the positions the caller needs (the completion tokens), and push them through
 the LM head ``chunk_size`` rows at a time. Each chunk runs under activation checkpointing, so
 in backward its logits are recomputed one chunk at a time rather than stored.
+
+When the caller passes ``prompt_lengths``, rows that share a prompt (the G samples of one GRPO
+group) run that prompt through the trunk once: its KV cache is computed with gradients, copied
+to each row, and the completions attend to it. The result is the same as a full forward of
+every row, at a fraction of the cost when prompts are as long as completions.
 """
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+from transformers import DynamicCache
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The name this transformers version gives forward's KV-cache argument (5.x: ``cache``)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _activation_checkpointing(model: torch.nn.Module) -> bool:
+    flag = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5 name
+    return bool(flag if flag is not None else getattr(model, "is_gradient_checkpointing", False))
 
 
 def _chunk_logprobs(
@@ -26,12 +45,57 @@ def _chunk_logprobs(
     return logp, entropy
 
 
+def _full_hidden(decoder, input_ids, attention_mask, want) -> torch.Tensor:
+    """Hidden states that predict the wanted tokens, from one forward of every full row."""
+    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    return hidden[:, :-1][want[:, 1:]]  # the state at t-1 predicts the token at t
+
+
+def _shared_prefix_hidden(decoder, input_ids, attention_mask, prompt_lengths, want) -> torch.Tensor:
+    """As :func:`_full_hidden`, running each distinct prompt through the trunk only once."""
+    b = input_ids.shape[0]
+    lengths = attention_mask.sum(-1).tolist()
+    plens = prompt_lengths.tolist()
+    index: dict[tuple[int, ...], int] = {}
+    owner = torch.tensor([index.setdefault(tuple(input_ids[i, : plens[i]].tolist()), len(index)) for i in range(b)])
+    prompts = list(index)
+    width = max(len(p) for p in prompts)
+    p_ids = torch.zeros((len(prompts), width), dtype=input_ids.dtype)
+    p_mask = torch.zeros_like(p_ids)
+    for k, p in enumerate(prompts):  # left-padded, so every prompt ends where completions start
+        p_ids[k, width - len(p) :] = torch.tensor(p)
+        p_mask[k, width - len(p) :] = 1
+    cache = DynamicCache()
+    key = cache_kwarg(decoder)
+    out = decoder(input_ids=p_ids, attention_mask=p_mask, position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0),
+                  use_cache=True, **{key: cache})
+    last = out.last_hidden_state[:, -1]
+    cache.batch_select_indices(owner)
+
+    c_width = max(n - p for n, p in zip(lengths, plens))
+    c_ids = torch.zeros((b, c_width), dtype=input_ids.dtype)
+    c_mask = torch.zeros_like(c_ids)
+    c_want = torch.zeros((b, c_width), dtype=torch.bool)
+    for i in range(b):
+        n = lengths[i] - plens[i]
+        c_ids[i, :n] = input_ids[i, plens[i] : lengths[i]]
+        c_mask[i, :n] = 1
+        c_want[i, :n] = want[i, plens[i] : lengths[i]]
+    positions = prompt_lengths.unsqueeze(-1) + torch.arange(c_width)
+    hidden = decoder(input_ids=c_ids, attention_mask=torch.cat([p_mask[owner], c_mask], dim=1),
+                     position_ids=positions, use_cache=True, **{key: cache}).last_hidden_state
+    # Completion token j is predicted by the prompt's last state (j = 0) or completion state j-1.
+    predictors = torch.cat([last[owner].unsqueeze(1), hidden[:, :-1]], dim=1)
+    return predictors[c_want]
+
+
 def token_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     positions: torch.Tensor | None = None,
     chunk_size: int = 512,
+    prompt_lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log p(input_ids[:, t] | input_ids[:, :t]) and the policy entropy at each position t.
 
@@ -42,18 +106,31 @@ def token_logprobs(
         positions: optional ``[B, T]`` 0/1 mask of the positions whose values are needed
             (t >= 1); others are returned as 0 and cost nothing in the LM head.
         chunk_size: rows of ``[chunk, vocab]`` logits alive at a time.
+        prompt_lengths: optional ``[B]``; row i's first ``prompt_lengths[i]`` tokens are its
+            prompt, and rows with equal prompts share one prompt forward. Only completion
+            positions can then be requested.
 
     Returns:
         ``(logprobs, entropy)``, both ``[B, T]`` float32; position 0 is always 0.
     """
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    decoder = model.get_decoder()
     head = model.get_output_embeddings()
     want = torch.zeros_like(input_ids, dtype=torch.bool)
     want[:, 1:] = attention_mask[:, 1:].bool()
     if positions is not None:
         want &= positions.bool()
-    # The hidden state at t-1 predicts the token at t.
-    rows = hidden[:, :-1][want[:, 1:]]
+    shared = (
+        prompt_lengths is not None
+        and bool((prompt_lengths > 0).all())
+        and not _activation_checkpointing(model)  # HF drops the KV cache then
+    )
+    if shared:
+        in_prompt = torch.arange(input_ids.shape[1]) < prompt_lengths.unsqueeze(-1)
+        if (want & in_prompt).any():
+            raise ValueError("with prompt_lengths, only completion positions can be requested")
+        rows = _shared_prefix_hidden(decoder, input_ids, attention_mask, prompt_lengths, want)
+    else:
+        rows = _full_hidden(decoder, input_ids, attention_mask, want)
     targets = input_ids[want]
     pieces_lp, pieces_ent = [], []
     for start in range(0, rows.shape[0], chunk_size):

@@ -59,11 +59,13 @@ class Policy:
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def logprobs(self, input_ids, attention_mask, positions=None) -> tuple[torch.Tensor, torch.Tensor]:
-        return token_logprobs(self.model, input_ids, attention_mask, positions, self.cfg.logprob_chunk_size)
+    def logprobs(self, input_ids, attention_mask, positions=None, prompt_lengths=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token (logprobs, entropy); see :func:`posttrain.models.logprobs.token_logprobs`."""
+        return token_logprobs(self.model, input_ids, attention_mask, positions, self.cfg.logprob_chunk_size,
+                              prompt_lengths)
 
     @torch.no_grad()
-    def reference_logprobs(self, input_ids, attention_mask, positions=None) -> torch.Tensor:
+    def reference_logprobs(self, input_ids, attention_mask, positions=None, prompt_lengths=None) -> torch.Tensor:
         if not self.has_reference:
             raise RuntimeError("reference log-probs requested but the policy was loaded without a reference")
         if self._reference is not None:
@@ -71,7 +73,8 @@ class Policy:
         else:
             model, ctx = self.model, self.model.disable_adapter()
         with ctx:
-            lp, _ = token_logprobs(model, input_ids, attention_mask, positions, self.cfg.logprob_chunk_size)
+            lp, _ = token_logprobs(model, input_ids, attention_mask, positions, self.cfg.logprob_chunk_size,
+                                   prompt_lengths)
         return lp
 
     def save(self, path: str | Path) -> None:

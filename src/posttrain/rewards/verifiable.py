@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+_MAX_DIGITS = 100
 _NUMBER = r"-?\d[\d,]*(?:\.\d+)?"
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _ANSWER = re.compile(r"(?:answer\s*(?:is)?\s*[:=]?|=)\s*\$?\s*(" + _NUMBER + ")", re.IGNORECASE)
@@ -14,7 +15,8 @@ _ANY_NUMBER = re.compile(_NUMBER)
 def parse_number(text: str) -> Fraction | None:
     """'1,234' -> 1234, '-3.50' -> -7/2; None when ``text`` is not a number."""
     cleaned = text.strip().replace(",", "").rstrip(".")
-    if not re.fullmatch(r"-?\d+(?:\.\d+)?", cleaned):
+    # Model output is untrusted: a 5,000-digit "number" is not an answer (and int() refuses it).
+    if len(cleaned) > _MAX_DIGITS or not re.fullmatch(r"-?\d+(?:\.\d+)?", cleaned):
         return None
     return Fraction(cleaned)
 

@@ -10,11 +10,10 @@ that matter for RL on a CPU:
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from transformers import DynamicCache
 
+from posttrain.models.logprobs import cache_kwarg
 from posttrain.rollout.backend import Generation, SamplingParams
 from posttrain.rollout.sampling import sample_next
 
@@ -29,9 +28,7 @@ class HFBackend:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0])
         self.generator = torch.Generator().manual_seed(seed)
-        # transformers 5.x renames forward's `past_key_values` to `cache`; use what this one takes.
-        forward_params = inspect.signature(getattr(model, "get_base_model", lambda: model)().forward).parameters
-        self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
+        self._cache_kwarg = cache_kwarg(getattr(model, "get_base_model", lambda: model)())
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, num_samples: int = 1) -> list[Generation]:
         if num_samples > 1 and params.temperature == 0:

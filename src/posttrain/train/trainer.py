@@ -198,7 +198,8 @@ class Trainer:
                     total_tokens = float(batch.loss_mask[full_rows].sum().clamp(min=1))
                     self._minibatch_step(active.select(rows), total_tokens, float(minibatch), stats)
         out = stats.result()
-        out.setdefault("loss", 0.0)  # nothing contributed: the loss is exactly zero
+        out.setdefault("loss", 0.0)  # nothing contributed: the loss and gradient are exactly zero
+        out.setdefault("grad_norm", 0.0)
         out["optimizer_steps"] = float(stats.count("grad_norm"))
         out["train_seconds"] = time.time() - t0
         return out
@@ -210,19 +211,21 @@ class Trainer:
         fn = self.policy.reference_logprobs if reference else (lambda *a: self.policy.logprobs(*a)[0])
         for s in range(0, len(batch), mb):
             part = batch.select(slice(s, s + mb))
-            out[s : s + mb, : part.input_ids.shape[1]] = fn(part.input_ids, part.attention_mask, part.loss_mask)
+            out[s : s + mb, : part.input_ids.shape[1]] = fn(part.input_ids, part.attention_mask, part.loss_mask,
+                                                            part.prompt_lengths)
         return out
 
     def _minibatch_step(self, mb: Batch, total_tokens: float, total_sequences: float, stats: "RunningStats") -> None:
         algo = self.cfg.algorithm
         self.optimizer.zero_grad(set_to_none=True)
-        # Length-sorted micro-batches waste less compute on padding.
-        order = mb.attention_mask.sum(-1).argsort(descending=True)
+        # Micro-batches keep the batch order, so the samples of one group stay together and
+        # share a single forward of their prompt.
         size = self.cfg.train.microbatch_size
         loss_total = 0.0
-        for s in range(0, len(order), size):
-            micro = mb.select(order[s : s + size])
-            logprobs, entropy = self.policy.logprobs(micro.input_ids, micro.attention_mask, micro.loss_mask)
+        for s in range(0, len(mb), size):
+            micro = mb.select(slice(s, s + size))
+            logprobs, entropy = self.policy.logprobs(micro.input_ids, micro.attention_mask, micro.loss_mask,
+                                                     micro.prompt_lengths)
             old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
             loss, loss_stats = grpo_loss(
                 logprobs, old, micro.advantages, micro.loss_mask,
