@@ -24,10 +24,6 @@ console = Console(stderr=True)
 SET_HELP = "Override a config field, e.g. --set train.steps=10 (repeatable)."
 
 
-class UserError(Exception):
-    """Raised for mistakes the user can fix; reported as one line with exit code 2."""
-
-
 def _quiet_libraries() -> None:
     """Keep the terminal for our own progress: no per-file bars from transformers."""
     from transformers.utils import logging as hf_logging
@@ -44,7 +40,7 @@ def _user_errors():
     _quiet_libraries()
     try:
         yield
-    except (ConfigError, EnvError, ModelLoadError, UserError, FileNotFoundError) as e:
+    except (ConfigError, EnvError, ModelLoadError, FileNotFoundError) as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
@@ -76,15 +72,14 @@ def train(
                 if phase == "eval" and done <= total and progress.tasks[bars[phase]].completed >= total:
                     progress.reset(bars[phase], total=total)
                 text = ""
-                if info:
+                if phase == "train" and info:
                     text = f"reward {info['reward_mean']:.2f}  {info['step_seconds']:.1f}s/step"
                 progress.update(bars[phase], completed=done, info=text)
+                if phase == "eval" and info:
+                    progress.console.print(f"step {info['step']}: held-out accuracy {info['accuracy']:.1%}, "
+                                           f"mean reward {info['reward_mean']:.3f}")
 
-            try:
-                trainer = Trainer(cfg, progress=hook)
-            except ValueError as e:
-                raise UserError(str(e)) from None
-            result = trainer.train()
+            result = Trainer(cfg, progress=hook).train()
     table = Table(title=f"posttrain: {cfg.model.name} on {cfg.env.id}, {result.steps} steps in {result.seconds / 60:.1f} min")
     table.add_column("held-out")
     table.add_column("accuracy", justify="right")

@@ -93,9 +93,9 @@ class Trajectory:
 class Batch:
     """Right-padded tensors for a set of trajectories, ready for a forward pass.
 
-    Shapes are ``[B, T]`` where T = longest prompt + completion; ``prompt_lengths`` is ``[B]``. ``loss_mask`` is 1 only on
-    policy-sampled completion tokens; ``advantages`` is per token (a per-trajectory advantage
-    broadcast over its tokens, or a per-token one from GAE).
+    Shapes are ``[B, T]`` where T = longest prompt + completion; ``prompt_lengths`` is ``[B]``.
+    ``loss_mask`` is 1 only on policy-sampled completion tokens; ``advantages`` is per token (a
+    per-trajectory advantage broadcast over its tokens, or a per-token one from GAE).
     """
 
     input_ids: torch.Tensor

@@ -6,7 +6,7 @@ from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
 from transformers import PreTrainedModel
 
-from posttrain.config import LoraConfig
+from posttrain.config import ConfigError, LoraConfig
 
 
 def apply_lora(model: PreTrainedModel, cfg: LoraConfig) -> PeftModel:
@@ -14,7 +14,7 @@ def apply_lora(model: PreTrainedModel, cfg: LoraConfig) -> PeftModel:
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     missing = [m for m in cfg.target_modules if m not in present]
     if missing:
-        raise ValueError(
+        raise ConfigError(
             f"model.lora.target_modules: {missing} not found in the model "
             f"(its linear layers include: {sorted(n for n in present if n.endswith('proj'))})"
         )

@@ -16,7 +16,7 @@ import torch
 
 from posttrain.algorithms import group_relative_advantages, grpo_loss, zero_variance_groups
 from posttrain.config import RunConfig
-from posttrain.envs import make_env
+from posttrain.envs import EnvError, make_env
 from posttrain.eval import EvalResult, evaluate
 from posttrain.models import Policy
 from posttrain.rollout import HFBackend, SamplingParams, run_episodes
@@ -50,7 +50,7 @@ class Trainer:
         self.train_tasks = list(self.env.tasks("train"))
         self.eval_tasks = list(self.env.tasks("eval"))[: cfg.eval.num_tasks]
         if not self.train_tasks:
-            raise ValueError(f"env {cfg.env.id!r} has no training tasks")
+            raise EnvError(f"env {cfg.env.id!r} has no training tasks (its tasks('train') is empty)")
         self.policy = Policy.load(cfg.model, need_reference=cfg.algorithm.beta > 0)
         self.backend = HFBackend(self.policy.model, self.policy.tokenizer, cfg.rollout.batch_size, cfg.seed)
         self.optimizer = torch.optim.AdamW(
@@ -109,6 +109,7 @@ class Trainer:
             self.progress("eval", done, len(self.eval_tasks), {})
 
         result = evaluate(self.env, self.backend, self.policy.tokenizer, self.eval_tasks, self.cfg.eval, tick)
+        self.progress("eval", len(self.eval_tasks), len(self.eval_tasks), {"step": self.step, **result.metrics()})
         if logger:
             logger.log("eval", self.step, result.metrics())
             samples = self.run_dir / "eval_samples" / f"step-{self.step:06d}.jsonl"
