@@ -1,4 +1,9 @@
-"""Advantage estimators: pure functions from rewards to advantages."""
+"""Advantage estimators: pure functions from rewards to advantages.
+
+The estimators here work on one outcome reward per sample (``[N]``, the G samples of a prompt
+contiguous); token- and turn-level estimators (GAE, REINFORCE++) are in ``gae.py``. DAPO's
+reward shaping and group filtering sit here too, since they act on the same rewards.
+"""
 
 from __future__ import annotations
 
@@ -34,3 +39,52 @@ def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor
     """``[N / group_size]`` bools: groups whose samples all got the same reward (no signal)."""
     grouped = rewards.float().view(-1, group_size)
     return (grouped.max(dim=1).values - grouped.min(dim=1).values) == 0
+
+
+def dr_grpo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Dr. GRPO's advantage (Liu et al. 2025, "Understanding R1-Zero-Like Training",
+    arXiv:2503.20783): r_i - mean(r) within the group, without GRPO's division by the std.
+    """
+    return group_relative_advantages(rewards, group_size, scale=False)
+
+
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024, "Back to Basics", arXiv:2402.14740).
+
+    A_i = r_i - mean of the other G - 1 rewards of the group: the baseline does not depend on
+    the sample it is subtracted from, so the estimate stays unbiased. Equals
+    G / (G - 1) * (r_i - mean(r)).
+
+    Args:
+        rewards: ``[N]`` with N a multiple of ``group_size`` >= 2; samples of one prompt contiguous.
+    Returns:
+        ``[N]`` advantages.
+    """
+    if group_size < 2 or rewards.ndim != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards must be 1-D with a multiple of group_size={group_size} >= 2 entries")
+    grouped = rewards.float().view(-1, group_size)
+    others_mean = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
+    return (grouped - others_mean).view(-1)
+
+
+def dynamic_sampling_keep(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """DAPO's dynamic sampling filter (Yu et al. 2025, arXiv:2503.14476, section 3.2).
+
+    ``[N / group_size]`` bools, True for the groups to train on: those whose rewards are not all
+    equal. A group with one reward for every sample has zero group-relative advantage, so it
+    only shrinks the effective batch; DAPO drops it and samples more prompts instead.
+    """
+    return ~zero_variance_groups(rewards, group_size)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_length: int, cache_length: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, section 3.4), added to the reward.
+
+    0 while length <= max_length - cache_length, then falls linearly to -1 at ``max_length``,
+    and is -1 beyond: a length-aware penalty instead of one that treats every truncated answer
+    as wrong, which the paper found adds reward noise.
+    """
+    if not 0 < cache_length <= max_length:
+        raise ValueError(f"need 0 < cache_length <= max_length, got {cache_length} and {max_length}")
+    penalty = (max_length - cache_length - lengths.float()) / cache_length
+    return penalty.clamp(min=-1.0, max=0.0)
