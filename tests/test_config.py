@@ -76,3 +76,20 @@ def test_readme_config_reference_is_current():
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert reference_markdown() in readme, "regenerate the README table with `posttrain config`"
+
+
+def test_algorithm_presets_fill_only_unset_fields(tmp_path):
+    cfg = load_config(write(tmp_path, "algorithm:\n  name: dapo\n"))
+    assert (cfg.algorithm.epsilon_high, cfg.algorithm.dynamic_sampling, cfg.algorithm.loss_aggregation) == (0.28, True, "token")
+    cfg = load_config(write(tmp_path, "algorithm:\n  name: dapo\n  epsilon_high: 0.25\n"))
+    assert cfg.algorithm.epsilon_high == 0.25 and cfg.algorithm.dynamic_sampling
+    cfg = load_config(write(tmp_path, ""), ["algorithm.name=dr_grpo"])
+    assert cfg.algorithm.scale_rewards is False and cfg.algorithm.loss_aggregation == "constant"
+    assert load_config(write(tmp_path, "")).algorithm.scale_rewards is True
+
+
+def test_algorithm_kl_placement_errors(tmp_path):
+    with pytest.raises(ConfigError, match="gspo has no KL term"):
+        load_config(write(tmp_path, ""), ["algorithm.name=gspo", "algorithm.beta=0.1"])
+    with pytest.raises(ConfigError, match="kl_in_reward is supported by reinforce_pp and ppo"):
+        load_config(write(tmp_path, ""), ["algorithm.kl_in_reward=true"])

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,3 +105,36 @@ def test_user_env_named_in_config_trains(tmp_path, env_class):
     assert all(math.isfinite(r["loss"]) and r["optimizer_steps"] >= 1 for r in train)
     errors = sum(r["errors"] for r in train)
     assert errors == (8 if env_class == "Exploding" else 0)
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        {"name": "grpo"},
+        {"name": "dr_grpo"},
+        {"name": "dapo", "overlong_buffer": 8},
+        {"name": "rloo"},
+        {"name": "reinforce_pp", "beta": 0.04},
+        {"name": "gspo", "num_iterations": 2},
+        {"name": "ppo", "beta": 0.05, "entropy_coef": 0.01},
+        {"name": "ppo", "value_model": "separate", "kl_in_reward": False, "beta": 0.05, "kl_estimator": "k3", "kl_target": 0.1},
+    ],
+    ids=lambda a: a["name"] + ("-" + a["value_model"] if "value_model" in a else ""),
+)
+def test_each_algorithm_trains_end_to_end(tmp_path, algorithm):
+    config = tiny_config(tmp_path, algorithm={"beta": 0.0, **algorithm}, env={"id": "user_envs:Capitals", "kwargs": {}},
+                         eval={"num_tasks": 1})
+    proc = run_cli("train", config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["split"] == "train"]
+    assert len(train) == 2
+    for r in train:
+        assert r["optimizer_steps"] >= 1, r
+        assert all(math.isfinite(r[k]) for k in ("loss", "grad_norm", "entropy", "clip_low", "clip_high", "ratio_max"))
+    if algorithm["name"] == "dapo":
+        assert all(r["sampling_rounds"] >= 1 for r in train)
+    if algorithm["name"] == "ppo":
+        assert all(math.isfinite(r["value_loss"]) and math.isfinite(r["kl"]) for r in train)
+        state = torch.load(tmp_path / "run" / "checkpoints" / "step-000002" / "trainer_state.pt", weights_only=False)
+        assert "head.weight" in state["critic"]

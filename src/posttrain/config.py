@@ -65,8 +65,31 @@ class EnvSection(_Section):
     )
 
 
+AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "ppo"]
+
+# What each algorithm name changes from the GRPO defaults. A field the user sets explicitly
+# always wins over its algorithm's preset.
+ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
+    "grpo": {},
+    "dr_grpo": {"scale_rewards": False, "loss_aggregation": "constant"},
+    "dapo": {"epsilon_high": 0.28, "loss_aggregation": "token", "dynamic_sampling": True, "overlong_buffer": 16},
+    "rloo": {},
+    "reinforce_pp": {"kl_in_reward": True},
+    "gspo": {"epsilon_low": 3e-4, "epsilon_high": 4e-4, "loss_aggregation": "sequence"},
+    "ppo": {"kl_in_reward": True, "kl_estimator": "k1", "whiten_advantages": True},
+}
+
+
 class AlgorithmSection(_Section):
-    name: Literal["grpo"] = Field("grpo", description="Policy-optimisation algorithm.")
+    name: AlgorithmName = Field(
+        "grpo",
+        description="grpo (Shao et al. 2024), dr_grpo (Liu et al. 2025: no std division, constant "
+        "normaliser), dapo (Yu et al. 2025: clip-higher, dynamic sampling, token-level loss, overlong "
+        "shaping), rloo (Ahmadian et al. 2024: leave-one-out baseline), reinforce_pp (Hu 2025: "
+        "batch-normalised returns, KL in the reward), gspo (Zheng et al. 2025: sequence-level ratio), "
+        "ppo (Schulman et al. 2017: a critic and GAE; Ouyang et al. 2022 for LLMs). "
+        "The name sets the defaults of the fields below; fields set explicitly win.",
+    )
     group_size: int = Field(
         8, ge=2, description="G: completions sampled per task; advantages are relative within the group."
     )
@@ -80,17 +103,75 @@ class AlgorithmSection(_Section):
         0.2, ge=0.0, description="Upper clip range: ratio <= 1 + epsilon_high (DAPO's clip-higher uses 0.28)."
     )
     beta: float = Field(
-        0.0, ge=0.0, description="KL coefficient to the frozen reference model (k3 estimator); "
-        "0 skips the reference model entirely."
+        0.0, ge=0.0, description="KL coefficient to the frozen reference model; 0 skips the reference model "
+        "entirely."
     )
-    loss_aggregation: Literal["token", "sequence"] = Field(
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="Per-token KL estimator (Schulman 2020): k3 in the loss (GRPO); k1 in the reward."
+    )
+    kl_in_reward: bool = Field(
+        False, description="Subtract beta * KL from the per-token reward (REINFORCE++) instead of adding it to "
+        "the loss."
+    )
+    loss_aggregation: Literal["token", "sequence", "constant"] = Field(
         "token",
         description="'token': mean over all sampled tokens in the batch (DAPO); 'sequence': mean "
-        "per sequence, then over sequences (original GRPO).",
+        "per sequence, then over sequences (original GRPO); 'constant': token sum / "
+        "(rollout.max_new_tokens x sequences) (Dr. GRPO).",
     )
     num_iterations: int = Field(
         1, ge=1, description="Optimisation passes over each sampled batch (mu in the GRPO paper)."
     )
+    dynamic_sampling: bool = Field(
+        False, description="Drop groups whose rewards are all equal and sample more tasks to refill the batch "
+        "(DAPO)."
+    )
+    max_sampling_rounds: int = Field(
+        4, ge=1, description="With dynamic_sampling: most sampling rounds per step before training on what "
+        "was found."
+    )
+    overlong_buffer: int = Field(
+        0, ge=0, description="DAPO's soft overlong punishment: the last N tokens before rollout.max_new_tokens "
+        "cost up to -1 reward, linearly; 0 turns it off."
+    )
+    reward_normalization: Literal["none", "batch", "running"] = Field(
+        "none", description="Normalise rewards before advantages: over the batch, or with running mean/std "
+        "across steps."
+    )
+    advantage_clip: float = Field(0.0, ge=0.0, description="Clamp advantages to [-x, x]; 0 turns it off.")
+    whiten_advantages: bool = Field(False, description="Normalise token advantages to mean 0, std 1 over the batch "
+                                    "(PPO).")
+    entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus: subtract coef x mean token entropy from "
+                                "the loss.")
+    kl_target: float = Field(0.0, ge=0.0, description="Adaptive KL controller (Ziegler et al. 2019): steer beta so "
+                             "the measured KL approaches this target; 0 keeps beta fixed.")
+    kl_horizon: float = Field(10000.0, gt=0.0, description="Adaptive KL controller horizon, in samples.")
+    value_model: Literal["head", "separate"] = Field(
+        "head", description="PPO critic: a value head on the policy's trunk, or a separate copy of the trunk."
+    )
+    value_coef: float = Field(0.5, ge=0.0, description="PPO: weight of the value loss.")
+    value_clip: float = Field(0.2, ge=0.0, description="PPO: clip range of the value update; 0 turns it off.")
+    value_learning_rate: float = Field(
+        0.0, ge=0.0, description="PPO: learning rate of a separate critic; 0 uses train.learning_rate."
+    )
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="PPO: discount over tokens in GAE.")
+    lam: float = Field(0.95, ge=0.0, le=1.0, description="PPO: GAE lambda (Schulman et al. 2016).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = {**ALGORITHM_PRESETS.get(data.get("name", "grpo"), {}), **data}
+        return data
+
+    @model_validator(mode="after")
+    def _kl_placement(self) -> "AlgorithmSection":
+        if self.kl_in_reward and self.name not in ("reinforce_pp", "ppo"):
+            raise ValueError("algorithm.kl_in_reward is supported by reinforce_pp and ppo; the others put the KL in "
+                             "the loss")
+        if self.name == "gspo" and self.beta > 0:
+            raise ValueError("algorithm gspo has no KL term in its loss: set algorithm.beta=0")
+        return self
 
 
 class RolloutSection(_Section):
@@ -145,6 +226,11 @@ class RunConfig(_Section):
 
     @model_validator(mode="after")
     def _batch_divisible(self) -> "RunConfig":
+        if self.algorithm.overlong_buffer > self.rollout.max_new_tokens:
+            raise ValueError(
+                f"algorithm.overlong_buffer ({self.algorithm.overlong_buffer}) must not exceed "
+                f"rollout.max_new_tokens ({self.rollout.max_new_tokens})"
+            )
         batch = self.train.tasks_per_step * self.algorithm.group_size
         mb = self.train.minibatch_size
         if mb and batch % mb:

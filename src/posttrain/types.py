@@ -105,6 +105,8 @@ class Batch:
     prompt_lengths: torch.Tensor
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -124,31 +126,27 @@ class Batch:
             prompt_lengths=self.prompt_lengths[index],
             old_logprobs=take(self.old_logprobs),
             ref_logprobs=take(self.ref_logprobs),
+            old_values=take(self.old_values),
+            returns=take(self.returns),
         )
 
     @staticmethod
-    def from_trajectories(
-        trajectories: list[Trajectory], advantages: list[float], pad_id: int
-    ) -> "Batch":
-        """Right-pad trajectories into tensors; each trajectory's advantage covers its tokens.
+    def from_trajectories(trajectories: list[Trajectory], pad_id: int) -> "Batch":
+        """Right-pad trajectories into tensors, with zero advantages for the caller to fill in.
 
         Logprob tensors are aligned with ``input_ids``: position t holds log p(input_ids[t]).
         """
-        if len(trajectories) != len(advantages):
-            raise ValueError("one advantage per trajectory is required")
         rows = [t.prompt_ids + t.completion_ids for t in trajectories]
         width = max(len(r) for r in rows)
         b = len(rows)
         input_ids = torch.full((b, width), pad_id, dtype=torch.long)
         attention = torch.zeros((b, width), dtype=torch.long)
         mask = torch.zeros((b, width), dtype=torch.float32)
-        adv = torch.zeros((b, width), dtype=torch.float32)
-        for i, (traj, row, a) in enumerate(zip(trajectories, rows, advantages)):
+        for i, (traj, row) in enumerate(zip(trajectories, rows)):
             n, p = len(row), len(traj.prompt_ids)
-            input_ids[i, :n] = torch.tensor(row)
+            input_ids[i, :n] = torch.tensor(row, dtype=torch.long)
             attention[i, :n] = 1
             mask[i, p:n] = torch.tensor(traj.loss_mask, dtype=torch.float32)
-            adv[i, p:n] = a
         prompt_lengths = torch.tensor([len(t.prompt_ids) for t in trajectories])
-        return Batch(input_ids=input_ids, attention_mask=attention, loss_mask=mask, advantages=adv,
-                     prompt_lengths=prompt_lengths)
+        return Batch(input_ids=input_ids, attention_mask=attention, loss_mask=mask,
+                     advantages=torch.zeros_like(mask), prompt_lengths=prompt_lengths)

@@ -29,14 +29,13 @@ from posttrain.algorithms.gae import (
     reinforce_pp_advantages,
     reinforce_pp_returns,
 )
-from posttrain.algorithms.kl import AdaptiveKLController, FixedKLController, kl_estimate
+from posttrain.algorithms.kl import AdaptiveKLController, FixedKLController, k3_kl, kl_estimate
 from posttrain.algorithms.losses import (
     aggregate,
     clipped_surrogate,
     explained_variance,
     grpo_loss,
     gspo_loss,
-    k3_kl,
     value_loss,
 )
 from posttrain.algorithms.normalization import (

@@ -10,7 +10,7 @@ from typing import Literal
 
 import torch
 
-from posttrain.algorithms.kl import k3_kl
+from posttrain.algorithms.kl import KLKind, kl_estimate
 from posttrain.algorithms.normalization import masked_mean_std
 
 Aggregation = Literal["token", "sequence", "constant"]
@@ -106,8 +106,9 @@ def grpo_loss(
     total_tokens: float | None = None,
     total_sequences: float | None = None,
     max_tokens: float | None = None,
+    kl_kind: KLKind = "k3",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The GRPO objective (Shao et al. 2024, eq. 3): clipped surrogate + beta * k3 KL.
+    """The GRPO objective (Shao et al. 2024, eq. 3): clipped surrogate + beta * KL (k3 by default).
 
     Returns the scalar loss and detached per-batch statistics: mean KL, clip fractions below
     and above the range (counted only where clipping changes the gradient), ratio min/max.
@@ -118,7 +119,7 @@ def grpo_loss(
     if beta > 0:
         if ref_logprobs is None:
             raise ValueError("beta > 0 needs ref_logprobs")
-        kl = k3_kl(logprobs, ref_logprobs)
+        kl = kl_estimate(logprobs, ref_logprobs, kl_kind)
         per_token = per_token + beta * kl
         stats["kl"] = aggregate(kl.detach(), mask, "token")
     loss = aggregate(per_token, mask, aggregation, total_tokens, total_sequences, max_tokens)

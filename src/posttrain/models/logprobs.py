@@ -15,6 +15,7 @@ every row, at a fraction of the cost when prompts are as long as completions.
 from __future__ import annotations
 
 import inspect
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -34,15 +35,20 @@ def _activation_checkpointing(model: torch.nn.Module) -> bool:
 
 
 def _chunk_logprobs(
-    hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = F.linear(hidden, weight, bias).float()
     lse = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    with torch.no_grad():  # entropy is a diagnostic; no gradient flows through it
-        log_probs = logits.detach() - lse.detach().unsqueeze(-1)
+    # The entropy is a diagnostic unless an entropy bonus trains on it.
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        log_probs = logits - lse.unsqueeze(-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return logp, entropy
+    return logp, entropy if entropy_grad else entropy.detach()
 
 
 def _full_hidden(decoder, input_ids, attention_mask, want) -> torch.Tensor:
@@ -89,6 +95,78 @@ def _shared_prefix_hidden(decoder, input_ids, attention_mask, prompt_lengths, wa
     return predictors[c_want]
 
 
+class TokenOutputs(NamedTuple):
+    """Per-token outputs of one forward pass, each ``[B, T]`` float32 and 0 where not requested."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor
+    values: torch.Tensor | None
+
+
+def predictor_states(
+    decoder: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    positions: torch.Tensor | None = None,
+    prompt_lengths: torch.Tensor | None = None,
+    checkpointing: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The trunk's hidden states that predict the requested tokens: ``(rows [N, H], want [B, T])``.
+
+    Row k is the state at position t - 1 for the k-th True entry (row-major) of ``want``, the
+    requested positions t. It summarises the prefix before token t, so it feeds both the LM head
+    (log p of token t) and a value head (V of the state in which token t was chosen).
+    """
+    want = torch.zeros_like(input_ids, dtype=torch.bool)
+    want[:, 1:] = attention_mask[:, 1:].bool()
+    if positions is not None:
+        want &= positions.bool()
+    # With activation checkpointing HF drops the KV cache, so the prompt cannot be shared.
+    if prompt_lengths is not None and bool((prompt_lengths > 0).all()) and not checkpointing:
+        in_prompt = torch.arange(input_ids.shape[1]) < prompt_lengths.unsqueeze(-1)
+        if (want & in_prompt).any():
+            raise ValueError("with prompt_lengths, only completion positions can be requested")
+        return _shared_prefix_hidden(decoder, input_ids, attention_mask, prompt_lengths, want), want
+    return _full_hidden(decoder, input_ids, attention_mask, want), want
+
+
+def _scatter(want: torch.Tensor, pieces: list[torch.Tensor]) -> torch.Tensor:
+    out = torch.zeros(want.shape, dtype=torch.float32, device=want.device)
+    return out.masked_scatter(want, torch.cat(pieces).float()) if pieces else out
+
+
+def policy_forward(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    positions: torch.Tensor | None = None,
+    chunk_size: int = 512,
+    prompt_lengths: torch.Tensor | None = None,
+    value_head: torch.nn.Module | None = None,
+    entropy_grad: bool = False,
+) -> TokenOutputs:
+    """Log-probabilities, entropy and (with ``value_head`` on the same trunk) values per token.
+
+    See :func:`token_logprobs` for the arguments; ``entropy_grad`` keeps the entropy in the graph
+    (for an entropy bonus), otherwise it is a detached diagnostic.
+    """
+    rows, want = predictor_states(model.get_decoder(), input_ids, attention_mask, positions, prompt_lengths,
+                                  _activation_checkpointing(model))
+    head = model.get_output_embeddings()
+    targets = input_ids[want]
+    pieces_lp, pieces_ent = [], []
+    for start in range(0, rows.shape[0], chunk_size):
+        h, y = rows[start : start + chunk_size], targets[start : start + chunk_size]
+        if torch.is_grad_enabled() and h.requires_grad:
+            lp, ent = checkpoint(_chunk_logprobs, h, y, head.weight, head.bias, entropy_grad, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs(h, y, head.weight, head.bias)
+        pieces_lp.append(lp)
+        pieces_ent.append(ent)
+    values = _scatter(want, [value_head(rows).squeeze(-1)]) if value_head is not None else None
+    return TokenOutputs(_scatter(want, pieces_lp), _scatter(want, pieces_ent), values)
+
+
 def token_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -113,37 +191,5 @@ def token_logprobs(
     Returns:
         ``(logprobs, entropy)``, both ``[B, T]`` float32; position 0 is always 0.
     """
-    decoder = model.get_decoder()
-    head = model.get_output_embeddings()
-    want = torch.zeros_like(input_ids, dtype=torch.bool)
-    want[:, 1:] = attention_mask[:, 1:].bool()
-    if positions is not None:
-        want &= positions.bool()
-    shared = (
-        prompt_lengths is not None
-        and bool((prompt_lengths > 0).all())
-        and not _activation_checkpointing(model)  # HF drops the KV cache then
-    )
-    if shared:
-        in_prompt = torch.arange(input_ids.shape[1]) < prompt_lengths.unsqueeze(-1)
-        if (want & in_prompt).any():
-            raise ValueError("with prompt_lengths, only completion positions can be requested")
-        rows = _shared_prefix_hidden(decoder, input_ids, attention_mask, prompt_lengths, want)
-    else:
-        rows = _full_hidden(decoder, input_ids, attention_mask, want)
-    targets = input_ids[want]
-    pieces_lp, pieces_ent = [], []
-    for start in range(0, rows.shape[0], chunk_size):
-        h, y = rows[start : start + chunk_size], targets[start : start + chunk_size]
-        if torch.is_grad_enabled() and h.requires_grad:
-            lp, ent = checkpoint(_chunk_logprobs, h, y, head.weight, head.bias, use_reentrant=False)
-        else:
-            lp, ent = _chunk_logprobs(h, y, head.weight, head.bias)
-        pieces_lp.append(lp)
-        pieces_ent.append(ent)
-    logprobs = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    entropy = torch.zeros_like(logprobs)
-    if pieces_lp:
-        logprobs = logprobs.masked_scatter(want, torch.cat(pieces_lp))
-        entropy = entropy.masked_scatter(want, torch.cat(pieces_ent))
-    return logprobs, entropy
+    out = policy_forward(model, input_ids, attention_mask, positions, chunk_size, prompt_lengths)
+    return out.logprobs, out.entropy

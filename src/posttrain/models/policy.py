@@ -11,7 +11,7 @@ from peft import PeftModel
 
 from posttrain.config import ModelSection
 from posttrain.models.loading import load_model, load_tokenizer
-from posttrain.models.logprobs import token_logprobs
+from posttrain.models.logprobs import TokenOutputs, policy_forward, token_logprobs
 from posttrain.models.lora import apply_lora
 
 
@@ -63,6 +63,12 @@ class Policy:
         """Per-token (logprobs, entropy); see :func:`posttrain.models.logprobs.token_logprobs`."""
         return token_logprobs(self.model, input_ids, attention_mask, positions, self.cfg.logprob_chunk_size,
                               prompt_lengths)
+
+    def forward(self, input_ids, attention_mask, positions=None, prompt_lengths=None, value_head=None,
+                entropy_grad: bool = False) -> TokenOutputs:
+        """Logprobs, entropy and, with ``value_head``, values from one forward pass (see policy_forward)."""
+        return policy_forward(self.model, input_ids, attention_mask, positions, self.cfg.logprob_chunk_size,
+                              prompt_lengths, value_head, entropy_grad)
 
     @torch.no_grad()
     def reference_logprobs(self, input_ids, attention_mask, positions=None, prompt_lengths=None) -> torch.Tensor:

@@ -14,11 +14,19 @@ from pathlib import Path
 
 import torch
 
-from posttrain.algorithms import group_relative_advantages, grpo_loss, zero_variance_groups
+from posttrain.algorithms import AdaptiveKLController, FixedKLController, RunningMeanStd, kl_estimate, zero_variance_groups
+from posttrain.algorithms.objective import (
+    loss as algorithm_loss,
+    needs_sampling_logprobs,
+    shaped_rewards,
+    token_advantages,
+    uses_critic,
+)
 from posttrain.config import RunConfig
 from posttrain.envs import EnvError, make_env
 from posttrain.eval import EvalResult, evaluate
 from posttrain.models import Policy
+from posttrain.models.value import Critic
 from posttrain.rollout import HFBackend, SamplingParams, run_episodes
 from posttrain.train.checkpoint import save_checkpoint
 from posttrain.train.metrics import MetricsLogger
@@ -51,10 +59,18 @@ class Trainer:
         self.eval_tasks = list(self.env.tasks("eval"))[: cfg.eval.num_tasks]
         if not self.train_tasks:
             raise EnvError(f"env {cfg.env.id!r} has no training tasks (its tasks('train') is empty)")
-        self.policy = Policy.load(cfg.model, need_reference=cfg.algorithm.beta > 0)
+        algo = cfg.algorithm
+        self.policy = Policy.load(cfg.model, need_reference=algo.beta > 0)
         self.backend = HFBackend(self.policy.model, self.policy.tokenizer, cfg.rollout.batch_size, cfg.seed)
-        self.optimizer = torch.optim.AdamW(
-            self.policy.trainable_parameters(), lr=cfg.train.learning_rate, weight_decay=cfg.train.weight_decay
+        self.critic = Critic(self.policy.model, algo.value_model) if uses_critic(algo) else None
+        groups = [{"params": self.policy.trainable_parameters()}]
+        if self.critic is not None:
+            groups.append({"params": list(self.critic.parameters()),
+                           "lr": algo.value_learning_rate or cfg.train.learning_rate})
+        self.optimizer = torch.optim.AdamW(groups, lr=cfg.train.learning_rate, weight_decay=cfg.train.weight_decay)
+        self.kl_controller = (
+            AdaptiveKLController(algo.beta, algo.kl_target, algo.kl_horizon) if algo.kl_target
+            else FixedKLController(algo.beta)
         )
         warmup = cfg.train.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -66,6 +82,7 @@ class Trainer:
         )
         self._task_rng = random.Random(cfg.seed)
         self._task_order: list[int] = []
+        self._reward_stats = RunningMeanStd()
         self.step = 0
 
     # ----------------------------------------------------------------- loop
@@ -118,8 +135,11 @@ class Trainer:
         return result
 
     def save(self) -> Path:
-        return save_checkpoint(self.run_dir, self.step, self.policy, self.optimizer, self.scheduler,
-                               {"task_rng": self._task_rng.getstate(), "task_order": self._task_order})
+        extra = {"task_rng": self._task_rng.getstate(), "task_order": self._task_order,
+                 "kl_coef": self.kl_controller.value}
+        if self.critic is not None:
+            extra["critic"] = self.critic.state_dict()
+        return save_checkpoint(self.run_dir, self.step, self.policy, self.optimizer, self.scheduler, extra)
 
     # ----------------------------------------------------------------- one step
 
@@ -133,38 +153,67 @@ class Trainer:
             picked.append(self.train_tasks[self._task_order.pop()])
         return picked
 
-    def train_step(self) -> dict[str, float]:
+    def _sample_groups(self) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
+        """Roll out tasks_per_step groups; with dynamic sampling (DAPO), keep only groups whose
+        rewards differ and sample more tasks until the batch is full or the rounds run out."""
         cfg, algo = self.cfg, self.cfg.algorithm
+        g = algo.group_size
+        kept: list[Trajectory] = []
+        kept_rewards: list[torch.Tensor] = []
+        sampled: list[Trajectory] = []
+        zero_var = rounds = 0
+        while len(kept) < cfg.train.tasks_per_step * g and rounds < (algo.max_sampling_rounds if algo.dynamic_sampling else 1):
+            rounds += 1
+            tasks = self._next_tasks(cfg.train.tasks_per_step - len(kept) // g)
+            trajectories = run_episodes(self.env, self.backend, self.policy.tokenizer, tasks, self.sampling, g)
+            sampled += trajectories
+            rewards = shaped_rewards(
+                algo, torch.tensor([t.reward for t in trajectories]),
+                torch.tensor([t.num_sampled_tokens for t in trajectories]), cfg.rollout.max_new_tokens, self._reward_stats,
+            )
+            flat = zero_variance_groups(rewards, g)
+            zero_var += int(flat.sum())
+            for k in range(len(tasks)):
+                if algo.dynamic_sampling and flat[k]:
+                    continue
+                kept += trajectories[k * g : (k + 1) * g]
+                kept_rewards.append(rewards[k * g : (k + 1) * g])
+        info = {"sampling_rounds": float(rounds), "zero_variance_groups": zero_var / (len(sampled) // g)}
+        rewards = torch.cat(kept_rewards) if kept_rewards else torch.zeros(0)
+        return kept, rewards, {**info, **_rollout_metrics(sampled)}
+
+    def train_step(self) -> dict[str, float]:
+        algo = self.cfg.algorithm
         t0 = time.time()
-        tasks = self._next_tasks(cfg.train.tasks_per_step)
-        trajectories = run_episodes(self.env, self.backend, self.policy.tokenizer, tasks, self.sampling, algo.group_size)
-        t_gen = time.time() - t0
-
-        rewards = torch.tensor([t.reward for t in trajectories])
-        advantages = group_relative_advantages(rewards, algo.group_size, scale=algo.scale_rewards)
-        # A trajectory cut short by an environment failure says nothing about the policy's
-        # answer: it counts in its group's statistics (as reward 0) but is not trained on.
-        failed = torch.tensor([t.error is not None for t in trajectories])
-        advantages = advantages.masked_fill(failed, 0.0)
-        batch = Batch.from_trajectories(trajectories, advantages.tolist(), self.policy.pad_id)
-        update = self._update(batch)
-        t_total = time.time() - t0
-
-        sampled = sum(t.num_sampled_tokens for t in trajectories)
-        metrics = {
-            "reward_mean": rewards.mean().item(),
-            "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
-            "accuracy": sum(t.correct for t in trajectories) / len(trajectories),
-            "completion_tokens_mean": sampled / len(trajectories),
-            "truncated_fraction": sum(t.finish_reason == "length" for t in trajectories) / len(trajectories),
-            "errors": float(sum(t.error is not None for t in trajectories)),
-            "zero_variance_groups": zero_variance_groups(rewards, algo.group_size).float().mean().item(),
-            "learning_rate": self.scheduler.get_last_lr()[0],
-            "generation_seconds": t_gen,
-            "step_seconds": t_total,
-            "tokens_per_second": sampled / max(t_total, 1e-9),
-            **update,
-        }
+        trajectories, rewards, metrics = self._sample_groups()
+        metrics["generation_seconds"] = time.time() - t0
+        if trajectories:
+            batch = Batch.from_trajectories(trajectories, self.policy.pad_id)
+            beta = self.kl_controller.value
+            if needs_sampling_logprobs(algo, beta):
+                batch.old_logprobs = self._no_grad_logprobs(batch, reference=False)
+                batch.ref_logprobs = self._no_grad_logprobs(batch, reference=True)
+                kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, algo.kl_estimator)
+                metrics["kl"] = float((kl * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1))
+            if self.critic is not None:
+                batch.old_values = self._no_grad_values(batch)
+            # A trajectory cut short by an environment failure says nothing about the policy's
+            # answer: it counts in its group's statistics (as reward 0) but is not trained on.
+            failed = torch.tensor([t.error is not None for t in trajectories])
+            mask = batch.loss_mask * (~failed).unsqueeze(-1)
+            batch.advantages, batch.returns = token_advantages(
+                algo, rewards, mask, beta=beta, logprobs=batch.old_logprobs, ref_logprobs=batch.ref_logprobs,
+                values=batch.old_values,
+            )
+            metrics.update(self._update(batch))
+            if "kl" in metrics:
+                self.kl_controller.update(metrics["kl"], len(trajectories))
+            metrics["kl_coef"] = self.kl_controller.value
+        else:
+            metrics.update(loss=0.0, grad_norm=0.0, optimizer_steps=0.0)
+        metrics["step_seconds"] = time.time() - t0
+        metrics["tokens_per_second"] = metrics["completion_tokens"] / max(metrics["step_seconds"], 1e-9)
+        metrics["learning_rate"] = self.scheduler.get_last_lr()[0]
         return metrics
 
     def _update(self, batch: Batch) -> dict[str, float]:
@@ -174,7 +223,7 @@ class Trainer:
         # Rows whose advantage is 0 everywhere add nothing to the clipped surrogate; when there
         # is no KL term they are skipped (their tokens still count in the normaliser, so the
         # gradient is exactly the full batch's).
-        if algo.beta == 0:
+        if algo.beta == 0 and self.critic is None and not algo.entropy_coef:
             contributing = (batch.advantages.abs() * batch.loss_mask).sum(-1) > 0
         else:
             contributing = batch.loss_mask.sum(-1) > 0
@@ -183,21 +232,22 @@ class Trainer:
         stats = RunningStats()
         if keep.numel():
             active = batch.select(keep)
-            if algo.num_iterations > 1:
+            if algo.num_iterations > 1 and active.old_logprobs is None:
                 active.old_logprobs = self._no_grad_logprobs(active, reference=False)
-            if algo.beta > 0:
+            if self.kl_controller.value > 0 and not algo.kl_in_reward:
                 active.ref_logprobs = self._no_grad_logprobs(active, reference=True)
             # Minibatches are cut from the full batch, so each keeps its own normaliser (the
             # sampled tokens of all its rows, skipped ones included).
             owner = keep // minibatch
             for _ in range(algo.num_iterations):
-                for mb_index in range(len(batch) // minibatch):
+                for mb_index in range(-(-len(batch) // minibatch)):
                     rows = (owner == mb_index).nonzero().squeeze(-1)
                     if rows.numel() == 0:
                         continue
                     full_rows = slice(mb_index * minibatch, (mb_index + 1) * minibatch)
                     total_tokens = float(batch.loss_mask[full_rows].sum().clamp(min=1))
-                    self._minibatch_step(active.select(rows), total_tokens, float(minibatch), stats)
+                    total_sequences = float(batch.loss_mask[full_rows].shape[0])
+                    self._minibatch_step(active.select(rows), total_tokens, total_sequences, stats)
         out = stats.result()
         out.setdefault("loss", 0.0)  # nothing contributed: the loss and gradient are exactly zero
         out.setdefault("grad_norm", 0.0)
@@ -216,6 +266,26 @@ class Trainer:
                                                             part.prompt_lengths)
         return out
 
+    @torch.no_grad()
+    def _no_grad_values(self, batch: Batch) -> torch.Tensor:
+        out = torch.zeros_like(batch.loss_mask)
+        mb = self.cfg.train.microbatch_size
+        for s in range(0, len(batch), mb):
+            part = batch.select(slice(s, s + mb))
+            out[s : s + mb, : part.input_ids.shape[1]] = self._forward(part).values
+        return out
+
+    def _forward(self, micro: Batch):
+        """Logprobs, entropy and (with a critic) values of one micro-batch."""
+        algo = self.cfg.algorithm
+        head = self.critic.head if self.critic is not None and self.critic.trunk is None else None
+        outputs = self.policy.forward(micro.input_ids, micro.attention_mask, micro.loss_mask, micro.prompt_lengths,
+                                      value_head=head, entropy_grad=algo.entropy_coef > 0)
+        if self.critic is not None and self.critic.trunk is not None:
+            values = self.critic.values(micro.input_ids, micro.attention_mask, micro.loss_mask, micro.prompt_lengths)
+            outputs = outputs._replace(values=values)
+        return outputs
+
     def _minibatch_step(self, mb: Batch, total_tokens: float, total_sequences: float, stats: "RunningStats") -> None:
         algo = self.cfg.algorithm
         self.optimizer.zero_grad(set_to_none=True)
@@ -225,22 +295,19 @@ class Trainer:
         loss_total = 0.0
         for s in range(0, len(mb), size):
             micro = mb.select(slice(s, s + size))
-            logprobs, entropy = self.policy.logprobs(micro.input_ids, micro.attention_mask, micro.loss_mask,
-                                                     micro.prompt_lengths)
-            old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
-            loss, loss_stats = grpo_loss(
-                logprobs, old, micro.advantages, micro.loss_mask,
-                epsilon_low=algo.epsilon_low, epsilon_high=algo.epsilon_high, beta=algo.beta,
-                ref_logprobs=micro.ref_logprobs, aggregation=algo.loss_aggregation,
-                total_tokens=total_tokens, total_sequences=total_sequences,
+            outputs = self._forward(micro)
+            loss, loss_stats = algorithm_loss(
+                algo, outputs, micro, beta=self.kl_controller.value, total_tokens=total_tokens,
+                total_sequences=total_sequences, max_new_tokens=self.cfg.rollout.max_new_tokens,
             )
             loss.backward()
             loss_total += loss.item()
             n = float(micro.loss_mask.sum())
-            stats.add("entropy", float((entropy * micro.loss_mask).sum()) / max(n, 1.0), n)
+            stats.add("entropy", float((outputs.entropy.detach() * micro.loss_mask).sum()) / max(n, 1.0), n)
             for k, v in loss_stats.items():
                 stats.add(k, float(v), n)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), self.cfg.train.max_grad_norm)
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.train.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         stats.add("loss", loss_total)
@@ -270,3 +337,19 @@ class RunningStats:
 
     def result(self) -> dict[str, float]:
         return {k: self._sum[k] / self._weight[k] if self._weight[k] else 0.0 for k in self._sum}
+
+
+def _rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """What the sampled trajectories say about the policy, before any filtering."""
+    n = max(len(trajectories), 1)
+    raw = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+    sampled = sum(t.num_sampled_tokens for t in trajectories)
+    return {
+        "reward_mean": raw.mean().item() if len(raw) else 0.0,
+        "reward_std": raw.std().item() if len(raw) > 1 else 0.0,
+        "accuracy": sum(t.correct for t in trajectories) / n,
+        "completion_tokens": float(sampled),
+        "completion_tokens_mean": sampled / n,
+        "truncated_fraction": sum(t.finish_reason == "length" for t in trajectories) / n,
+        "errors": float(sum(t.error is not None for t in trajectories)),
+    }

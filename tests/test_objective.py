@@ -1,0 +1,54 @@
+"""How each algorithm turns rewards into advantages (posttrain.algorithms.objective)."""
+
+import pytest
+import torch
+
+from posttrain.algorithms.objective import shaped_rewards, token_advantages
+from posttrain.config import AlgorithmSection
+
+MASK = torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, 1.0, 1.0, 1.0]])
+
+
+def test_group_estimators_spread_one_advantage_over_sampled_tokens():
+    rewards = torch.tensor([1.0, 0.0])
+    adv, returns = token_advantages(AlgorithmSection(name="dr_grpo", group_size=2), rewards, MASK)
+    assert returns is None
+    assert torch.equal(adv, torch.tensor([[0.0, 0.5, 0.5, 0.0], [0.0, -0.5, -0.5, -0.5]]))
+    adv, _ = token_advantages(AlgorithmSection(name="rloo", group_size=2), rewards, MASK)
+    assert torch.equal(adv, torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, -1.0, -1.0, -1.0]]))
+
+
+def test_ppo_runs_gae_against_the_critic():
+    cfg = AlgorithmSection(name="ppo", group_size=2, whiten_advantages=False, lam=1.0, gamma=1.0)
+    values = torch.tensor([[0.0, 0.25, 0.5, 0.0], [0.0, 0.5, 0.5, 0.5]])
+    adv, returns = token_advantages(cfg, torch.tensor([1.0, 0.0]), MASK, values=values)
+    # lambda = gamma = 1: every token's return is the outcome reward; advantage = return - value.
+    assert torch.allclose(returns, torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]]))
+    assert torch.allclose(adv, torch.tensor([[0.0, 0.75, 0.5, 0.0], [0.0, -0.5, -0.5, -0.5]]))
+
+
+def test_kl_in_the_reward_lowers_returns_of_drifted_tokens():
+    cfg = AlgorithmSection(name="ppo", group_size=2, whiten_advantages=False, lam=1.0)
+    logprobs = torch.tensor([[0.0, -1.0, -1.0, 0.0], [0.0, -1.0, -1.0, -1.0]])
+    ref = logprobs.clone()
+    ref[0, 2] = -2.0  # k1 = logp - ref = 1 on that token
+    _, returns = token_advantages(cfg, torch.tensor([1.0, 0.0]), MASK, beta=0.1, logprobs=logprobs,
+                                  ref_logprobs=ref, values=torch.zeros_like(MASK))
+    assert torch.allclose(returns[0], torch.tensor([0.0, 0.9, 0.9, 0.0]))
+    assert torch.allclose(returns[1], torch.zeros(4))
+
+
+def test_reinforce_pp_whitens_over_the_batch():
+    adv, _ = token_advantages(AlgorithmSection(name="reinforce_pp", group_size=2), torch.tensor([1.0, 0.0]), MASK)
+    sampled = adv[MASK.bool()]
+    assert sampled.mean().abs() < 1e-6 and sampled.std().item() == pytest.approx(1.0, abs=1e-5)
+    assert (adv[0, 1:3] > 0).all() and (adv[1, 1:] < 0).all()
+
+
+def test_dapo_overlong_shaping_and_advantage_clip():
+    cfg = AlgorithmSection(name="dapo", overlong_buffer=4, group_size=2)
+    rewards = shaped_rewards(cfg, torch.tensor([1.0, 1.0, 1.0]), torch.tensor([10, 14, 16]), max_new_tokens=16)
+    assert torch.allclose(rewards, torch.tensor([1.0, 0.5, 0.0]))
+    cfg = AlgorithmSection(name="grpo", group_size=2, scale_rewards=False, advantage_clip=0.25)
+    adv, _ = token_advantages(cfg, torch.tensor([1.0, 0.0]), MASK)
+    assert adv.abs().max() == 0.25
