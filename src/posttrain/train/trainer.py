@@ -162,7 +162,8 @@ class Trainer:
         kept_rewards: list[torch.Tensor] = []
         sampled: list[Trajectory] = []
         zero_var = rounds = 0
-        while len(kept) < cfg.train.tasks_per_step * g and rounds < (algo.max_sampling_rounds if algo.dynamic_sampling else 1):
+        max_rounds = algo.max_sampling_rounds if algo.dynamic_sampling else 1
+        while len(kept) < cfg.train.tasks_per_step * g and rounds < max_rounds:
             rounds += 1
             tasks = self._next_tasks(cfg.train.tasks_per_step - len(kept) // g)
             trajectories = run_episodes(self.env, self.backend, self.policy.tokenizer, tasks, self.sampling, g)
@@ -189,6 +190,10 @@ class Trainer:
         metrics["generation_seconds"] = time.time() - t0
         if trajectories:
             batch = Batch.from_trajectories(trajectories, self.policy.pad_id)
+            # A trajectory cut short by an environment failure says nothing about the policy's
+            # answer: it counts in its group's statistics (as reward 0) but is not trained on.
+            failed = torch.tensor([t.error is not None for t in trajectories])
+            batch.loss_mask = batch.loss_mask * (~failed).unsqueeze(-1)
             beta = self.kl_controller.value
             if needs_sampling_logprobs(algo, beta):
                 batch.old_logprobs = self._no_grad_logprobs(batch, reference=False)
@@ -197,12 +202,8 @@ class Trainer:
                 metrics["kl"] = float((kl * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1))
             if self.critic is not None:
                 batch.old_values = self._no_grad_values(batch)
-            # A trajectory cut short by an environment failure says nothing about the policy's
-            # answer: it counts in its group's statistics (as reward 0) but is not trained on.
-            failed = torch.tensor([t.error is not None for t in trajectories])
-            mask = batch.loss_mask * (~failed).unsqueeze(-1)
             batch.advantages, batch.returns = token_advantages(
-                algo, rewards, mask, beta=beta, logprobs=batch.old_logprobs, ref_logprobs=batch.ref_logprobs,
+                algo, rewards, batch.loss_mask, beta=beta, logprobs=batch.old_logprobs, ref_logprobs=batch.ref_logprobs,
                 values=batch.old_values,
             )
             metrics.update(self._update(batch))
@@ -345,6 +346,7 @@ def _rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     raw = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
     sampled = sum(t.num_sampled_tokens for t in trajectories)
     return {
+        "samples": float(len(trajectories)),
         "reward_mean": raw.mean().item() if len(raw) else 0.0,
         "reward_std": raw.std().item() if len(raw) > 1 else 0.0,
         "accuracy": sum(t.correct for t in trajectories) / n,
