@@ -52,3 +52,34 @@ def test_dapo_overlong_shaping_and_advantage_clip():
     cfg = AlgorithmSection(name="grpo", group_size=2, scale_rewards=False, advantage_clip=0.25)
     adv, _ = token_advantages(cfg, torch.tensor([1.0, 0.0]), MASK)
     assert adv.abs().max() == 0.25
+
+
+def test_turn_ids_split_sampled_runs():
+    from posttrain.algorithms.gae import turn_ids
+
+    mask = torch.tensor([[0, 1, 1, 0, 0, 1, 1, 0], [1, 0, 0, 0, 0, 0, 0, 0]])
+    assert turn_ids(mask).tolist() == [[-1, 0, 0, -1, -1, 1, 1, -1], [0, -1, -1, -1, -1, -1, -1, -1]]
+
+
+def test_turn_level_gae_hand_computed():
+    from posttrain.algorithms.gae import turn_level_gae
+
+    mask = torch.tensor([[0, 1, 1, 0, 0, 1, 1, 0]])
+    values = torch.tensor([[9.0, 0.2, 7.0, 9.0, 9.0, 0.6, 7.0, 9.0]])  # only each turn's first token counts
+    adv, ret = turn_level_gae(torch.tensor([[0.5, 1.0]]), values, mask, gamma=1.0, lam=1.0)
+    # returns: turn 0 = 0.5 + 1.0, turn 1 = 1.0; advantages = returns - first-token values.
+    assert torch.allclose(ret, torch.tensor([[0.0, 1.5, 1.5, 0.0, 0.0, 1.0, 1.0, 0.0]]))
+    assert torch.allclose(adv, torch.tensor([[0.0, 1.3, 1.3, 0.0, 0.0, 0.4, 0.4, 0.0]]))
+    # lambda = 0: one-step TD error per turn, delta_0 = 0.5 + V_1 - V_0 = 0.9.
+    adv, _ = turn_level_gae(torch.tensor([[0.5, 1.0]]), values, mask, gamma=1.0, lam=0.0)
+    assert torch.allclose(adv[0, 1], torch.tensor(0.9))
+
+
+def test_ppo_turn_level_uses_step_rewards_then_the_outcome():
+    cfg = AlgorithmSection(name="ppo", group_size=2, gae_level="turn", whiten_advantages=False, lam=1.0,
+                           kl_in_reward=False)
+    mask = torch.tensor([[0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 1.0, 0.0]])
+    adv, ret = token_advantages(cfg, torch.tensor([1.0, 0.0]), mask, values=torch.zeros(2, 4),
+                                step_rewards=[[0.25, 0.0], [0.0]])
+    assert torch.allclose(ret, torch.tensor([[0.0, 1.25, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]]))
+    assert torch.equal(adv, ret)

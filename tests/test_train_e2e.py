@@ -117,9 +117,10 @@ def test_user_env_named_in_config_trains(tmp_path, env_class):
         {"name": "reinforce_pp", "beta": 0.04},
         {"name": "gspo", "num_iterations": 2},
         {"name": "ppo", "beta": 0.05, "entropy_coef": 0.01},
+        {"name": "ppo", "gae_level": "turn", "kl_in_reward": False, "beta": 0.05},
         {"name": "ppo", "value_model": "separate", "kl_in_reward": False, "beta": 0.05, "kl_estimator": "k3", "kl_target": 0.1},
     ],
-    ids=lambda a: a["name"] + ("-" + a["value_model"] if "value_model" in a else ""),
+    ids=lambda a: "-".join(str(v) for k, v in a.items() if k in ("name", "value_model", "gae_level")),
 )
 def test_each_algorithm_trains_end_to_end(tmp_path, algorithm):
     config = tiny_config(tmp_path, algorithm={"beta": 0.0, **algorithm}, env={"id": "user_envs:Capitals", "kwargs": {}},

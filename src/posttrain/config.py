@@ -154,7 +154,10 @@ class AlgorithmSection(_Section):
     value_learning_rate: float = Field(
         0.0, ge=0.0, description="PPO: learning rate of a separate critic; 0 uses train.learning_rate."
     )
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="PPO: discount over tokens in GAE.")
+    gae_level: Literal["token", "turn"] = Field(
+        "token", description="PPO: GAE over tokens, or over agent turns (each turn's tokens share its advantage)."
+    )
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="PPO: discount per GAE step (token or turn).")
     lam: float = Field(0.95, ge=0.0, le=1.0, description="PPO: GAE lambda (Schulman et al. 2016).")
 
     @model_validator(mode="before")
@@ -171,6 +174,9 @@ class AlgorithmSection(_Section):
                              "the loss")
         if self.name == "gspo" and self.beta > 0:
             raise ValueError("algorithm gspo has no KL term in its loss: set algorithm.beta=0")
+        if self.gae_level == "turn" and self.kl_in_reward and self.beta > 0:
+            raise ValueError("algorithm.gae_level=turn puts no per-token KL in the reward: set "
+                             "algorithm.kl_in_reward=false to keep the KL in the loss")
         return self
 
 

@@ -115,3 +115,50 @@ def reinforce_pp_advantages(
     """
     returns = reinforce_pp_returns(rewards, mask, logprobs, ref_logprobs, beta=beta, gamma=gamma)
     return whiten(returns, mask)
+
+
+def turn_ids(mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` index of the agent turn each sampled token belongs to, -1 elsewhere.
+
+    A turn is a maximal run of sampled tokens (mask 1): in a multi-turn trajectory the
+    environment's tokens (mask 0) separate one turn of the agent from the next.
+    """
+    sampled = mask.bool()
+    before = torch.zeros_like(sampled)
+    before[:, 1:] = sampled[:, :-1]
+    ids = (sampled & ~before).long().cumsum(dim=1) - 1
+    return torch.where(sampled, ids, torch.full_like(ids, -1))
+
+
+@torch.no_grad()
+def turn_level_gae(
+    turn_rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE with turns as the steps (Schulman et al. 2016), spread back over each turn's tokens.
+
+    The value of a turn is the critic's value at its first token (the state in which the turn
+    began); ``turn_rewards`` ``[B, K]`` holds the reward after each turn (step rewards, then the
+    outcome on the last turn). Every token of turn k gets the turn's advantage and return, so
+    credit is assigned per action of the agent rather than per token (as in multi-turn agent RL,
+    e.g. ArCHer, Zhou et al. 2024, arXiv:2402.19446).
+
+    Returns:
+        ``(advantages, returns)``, ``[B, T]``, 0 outside ``mask``.
+    """
+    ids = turn_ids(mask)
+    turns = int(ids.max().item()) + 1 if ids.numel() else 0
+    b = mask.shape[0]
+    turn_values = torch.zeros(b, max(turns, 1))
+    turn_mask = torch.zeros(b, max(turns, 1))
+    first = (ids >= 0) & (torch.cat([torch.full_like(ids[:, :1], -1), ids[:, :-1]], dim=1) != ids)
+    rows, cols = first.nonzero(as_tuple=True)
+    turn_values[rows, ids[rows, cols]] = values[rows, cols].float()
+    turn_mask[rows, ids[rows, cols]] = 1.0
+    advantages, returns = gae(turn_rewards[:, : turn_values.shape[1]], turn_values, turn_mask, gamma, lam)
+    index = ids.clamp(min=0)
+    sampled = ids >= 0
+    return advantages.gather(1, index) * sampled, returns.gather(1, index) * sampled

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from posttrain.algorithms.advantages import group_relative_advantages, overlong_penalty, rloo_advantages
-from posttrain.algorithms.gae import gae, outcome_token_rewards, reinforce_pp_advantages
+from posttrain.algorithms.gae import gae, outcome_token_rewards, reinforce_pp_advantages, turn_ids, turn_level_gae
 from posttrain.algorithms.kl import kl_estimate
 from posttrain.algorithms.losses import aggregate, explained_variance, grpo_loss, gspo_loss, value_loss
 from posttrain.algorithms.normalization import RunningMeanStd, clip_advantages, normalize_rewards, whiten
@@ -49,18 +49,25 @@ def token_advantages(
     logprobs: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
     values: torch.Tensor | None = None,
+    step_rewards: list[list[float]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``[B, T]`` advantages (and value targets, for PPO) for outcome ``rewards`` ``[B]``.
 
     Group-based estimators give one advantage per trajectory, spread over its sampled tokens.
     REINFORCE++ and PPO put the outcome reward on the last sampled token and, with
     ``cfg.kl_in_reward``, subtract beta * KL on every token; REINFORCE++ then whitens the
-    returns over the batch, PPO runs GAE against the critic's ``values``.
+    returns over the batch, PPO runs GAE against the critic's ``values``, over tokens or, with
+    ``cfg.gae_level == "turn"``, over agent turns (``step_rewards[b][k]`` is the environment's
+    reward after turn k of row b; the last turn gets the outcome reward instead). Turn-level
+    GAE has no per-token KL in the reward: its KL belongs in the loss.
     """
     returns = None
     kl_beta = beta if cfg.kl_in_reward else 0.0
     if cfg.name == "reinforce_pp":
         advantages = reinforce_pp_advantages(rewards, mask, logprobs, ref_logprobs, beta=kl_beta)
+    elif cfg.name == "ppo" and cfg.gae_level == "turn":
+        advantages, returns = turn_level_gae(_turn_rewards(rewards, mask, step_rewards), values, mask, cfg.gamma,
+                                             cfg.lam)
     elif cfg.name == "ppo":
         token_rewards = outcome_token_rewards(rewards, mask)
         if kl_beta > 0:
@@ -76,6 +83,19 @@ def token_advantages(
     if cfg.advantage_clip:
         advantages = clip_advantages(advantages, cfg.advantage_clip)
     return advantages, returns
+
+
+def _turn_rewards(rewards: torch.Tensor, mask: torch.Tensor, step_rewards: list[list[float]] | None) -> torch.Tensor:
+    """``[B, K]``: each turn's step reward, with the (shaped) outcome reward on the last turn."""
+    turns = (turn_ids(mask).max(dim=1).values + 1).tolist()
+    out = torch.zeros(len(turns), max(max(turns), 1))
+    for b, k in enumerate(turns):
+        if k == 0:
+            continue
+        given = (step_rewards[b] if step_rewards else [])[: k - 1]
+        out[b, : len(given)] = torch.tensor(given, dtype=torch.float32)
+        out[b, k - 1] = rewards[b]
+    return out
 
 
 def loss(

@@ -204,7 +204,7 @@ class Trainer:
                 batch.old_values = self._no_grad_values(batch)
             batch.advantages, batch.returns = token_advantages(
                 algo, rewards, batch.loss_mask, beta=beta, logprobs=batch.old_logprobs, ref_logprobs=batch.ref_logprobs,
-                values=batch.old_values,
+                values=batch.old_values, step_rewards=[t.step_rewards for t in trajectories],
             )
             metrics.update(self._update(batch))
             if "kl" in metrics:
