@@ -6,7 +6,7 @@ import torch
 from posttrain.config import ModelSection
 from posttrain.envs.arithmetic import ArithmeticEnv
 from posttrain.models import Policy, resolve_model_path
-from posttrain.rollout import HFBackend, SamplingParams, encode_prompt, run_episodes
+from posttrain.rollout import EnvPool, HFBackend, SamplingParams, encode_prompt, run_episodes
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ def test_greedy_decoding_matches_hf_generate_and_answers(policy):
                                     max_new_tokens=20, do_sample=False)
         assert gen.token_ids == ref[0, len(ids):].tolist()
     # The base model already solves some additions; the env scores its real text.
-    trajectories = run_episodes(env, HFBackend(policy.model, policy.tokenizer), policy.tokenizer, tasks,
+    trajectories = run_episodes(EnvPool(ArithmeticEnv), HFBackend(policy.model, policy.tokenizer), policy.tokenizer, tasks,
                                 SamplingParams(temperature=0, max_new_tokens=32))
     assert all(t.error is None for t in trajectories)
     assert any(t.reward == 1.0 for t in trajectories)

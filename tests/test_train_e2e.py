@@ -139,3 +139,17 @@ def test_each_algorithm_trains_end_to_end(tmp_path, algorithm):
         assert all(math.isfinite(r["value_loss"]) and math.isfinite(r["kl"]) for r in train)
         state = torch.load(tmp_path / "run" / "checkpoints" / "step-000002" / "trainer_state.pt", weights_only=False)
         assert "head.weight" in state["critic"]
+
+
+def test_multi_turn_env_trains_with_turn_level_ppo(tmp_path):
+    config = tiny_config(
+        tmp_path, env={"id": "user_envs:GuessNumber", "kwargs": {"max_guesses": 3}}, rollout={"max_turns": 3},
+        algorithm={"name": "ppo", "gae_level": "turn", "kl_in_reward": False, "beta": 0.0}, eval={"num_tasks": 2},
+    )
+    proc = run_cli("train", config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    train = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["split"] == "train"]
+    assert all(r["optimizer_steps"] >= 1 and math.isfinite(r["value_loss"]) for r in train)
+    # Several turns per episode: more sampled tokens than one turn of rollout.max_new_tokens can hold.
+    assert max(r["completion_tokens_mean"] for r in train) > 16

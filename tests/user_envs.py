@@ -43,3 +43,31 @@ class Exploding(Capitals):
         if Exploding.calls % 2:
             raise RuntimeError("environment crashed")
         return super().step(action)
+
+
+class GuessNumber(gym.Env):
+    """Multi-turn: guess a number from 1 to 9; the environment answers "higher" or "lower"."""
+
+    def __init__(self, max_guesses: int = 4):
+        self.observation_space = Text(max_length=4096)
+        self.action_space = Text(max_length=4096)
+        self.max_guesses = max_guesses
+        self._tasks = [Task(f"n{i}", "Guess my number from 1 to 9. Answer with one digit.", i) for i in range(1, 10)]
+
+    def tasks(self, split):
+        return self._tasks[:6] if split == "train" else self._tasks[6:]
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.task = (options or {}).get("task") or self._tasks[0]
+        self.guesses = 0
+        return self.task.prompt, {}
+
+    def step(self, action):
+        self.guesses += 1
+        digits = [int(c) for c in action if c.isdigit()]
+        if digits and digits[0] == self.task.answer:
+            return "Correct!", 1.0, True, False, {"correct": True}
+        hint = "No digit found." if not digits else ("Higher." if digits[0] < self.task.answer else "Lower.")
+        # A small step reward for any well-formed guess: a process signal per turn.
+        return hint, 0.1 if digits else 0.0, False, self.guesses >= self.max_guesses, {"correct": False}

@@ -104,15 +104,16 @@ def eval_cmd(
         from posttrain.envs import make_env
         from posttrain.eval import evaluate
         from posttrain.models import Policy
-        from posttrain.rollout import HFBackend
+        from posttrain.rollout import EnvPool, HFBackend
 
-        env = make_env(cfg.env.id, cfg.env.kwargs)
-        tasks = list(env.tasks("eval"))[: cfg.eval.num_tasks]
+        envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs))
+        tasks = envs.tasks("eval")[: cfg.eval.num_tasks]
         policy = Policy.load(cfg.model, checkpoint=checkpoint)
         backend = HFBackend(policy.model, policy.tokenizer, cfg.eval.batch_size, cfg.seed)
         with _progress() as progress:
             bar = progress.add_task("eval", total=len(tasks), info="")
-            result = evaluate(env, backend, policy.tokenizer, tasks, cfg.eval, lambda n: progress.advance(bar, n))
+            result = evaluate(envs, backend, policy.tokenizer, tasks, cfg.eval, cfg.rollout,
+                              lambda n: progress.advance(bar, n))
     if as_json:
         sys.stdout.write(json.dumps({"checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.id,
                                      **result.metrics()}) + "\n")

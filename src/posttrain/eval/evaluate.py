@@ -6,11 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
-
-from posttrain.config import EvalSection
+from posttrain.config import EvalSection, RolloutSection
 from posttrain.rollout.backend import GenerationBackend, SamplingParams
-from posttrain.rollout.episodes import run_episodes
+from posttrain.rollout.episodes import EnvPool, run_episodes
 from posttrain.types import Task, Trajectory
 
 
@@ -28,19 +26,22 @@ class EvalResult:
 
 
 def evaluate(
-    env: gym.Env,
+    envs: EnvPool,
     backend: GenerationBackend,
     tokenizer,
     tasks: list[Task],
     cfg: EvalSection,
+    rollout: RolloutSection,
     on_progress: Callable[[int], None] | None = None,
 ) -> EvalResult:
-    """One answer per held-out task (greedy unless ``cfg.temperature`` > 0)."""
+    """One episode per held-out task (greedy unless ``cfg.temperature`` > 0), with the training
+    rollout's turn and context limits."""
     params = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
     trajectories: list[Trajectory] = []
     for start in range(0, len(tasks), cfg.batch_size):
         chunk = tasks[start : start + cfg.batch_size]
-        trajectories += run_episodes(env, backend, tokenizer, chunk, params)
+        trajectories += run_episodes(envs, backend, tokenizer, chunk, params, 1, rollout.max_turns,
+                                     rollout.max_context_tokens)
         if on_progress:
             on_progress(len(chunk))
     n = max(len(trajectories), 1)

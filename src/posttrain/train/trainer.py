@@ -27,7 +27,7 @@ from posttrain.envs import EnvError, make_env
 from posttrain.eval import EvalResult, evaluate
 from posttrain.models import Policy
 from posttrain.models.value import Critic
-from posttrain.rollout import HFBackend, SamplingParams, run_episodes
+from posttrain.rollout import EnvPool, HFBackend, SamplingParams, run_episodes
 from posttrain.train.checkpoint import save_checkpoint
 from posttrain.train.metrics import MetricsLogger
 from posttrain.types import Batch, Task, Trajectory
@@ -54,9 +54,9 @@ class Trainer:
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.run_dir = Path(cfg.output_dir)
-        self.env = make_env(cfg.env.id, cfg.env.kwargs)
-        self.train_tasks = list(self.env.tasks("train"))
-        self.eval_tasks = list(self.env.tasks("eval"))[: cfg.eval.num_tasks]
+        self.envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs))
+        self.train_tasks = self.envs.tasks("train")
+        self.eval_tasks = self.envs.tasks("eval")[: cfg.eval.num_tasks]
         if not self.train_tasks:
             raise EnvError(f"env {cfg.env.id!r} has no training tasks (its tasks('train') is empty)")
         algo = cfg.algorithm
@@ -125,7 +125,8 @@ class Trainer:
             done += n
             self.progress("eval", done, len(self.eval_tasks), {})
 
-        result = evaluate(self.env, self.backend, self.policy.tokenizer, self.eval_tasks, self.cfg.eval, tick)
+        result = evaluate(self.envs, self.backend, self.policy.tokenizer, self.eval_tasks, self.cfg.eval,
+                          self.cfg.rollout, tick)
         self.progress("eval", len(self.eval_tasks), len(self.eval_tasks), {"step": self.step, **result.metrics()})
         if logger:
             logger.log("eval", self.step, result.metrics())
@@ -166,7 +167,8 @@ class Trainer:
         while len(kept) < cfg.train.tasks_per_step * g and rounds < max_rounds:
             rounds += 1
             tasks = self._next_tasks(cfg.train.tasks_per_step - len(kept) // g)
-            trajectories = run_episodes(self.env, self.backend, self.policy.tokenizer, tasks, self.sampling, g)
+            trajectories = run_episodes(self.envs, self.backend, self.policy.tokenizer, tasks, self.sampling, g,
+                                        cfg.rollout.max_turns, cfg.rollout.max_context_tokens)
             sampled += trajectories
             rewards = shaped_rewards(
                 algo, torch.tensor([t.reward for t in trajectories]),
