@@ -153,3 +153,15 @@ def test_multi_turn_env_trains_with_turn_level_ppo(tmp_path):
     assert all(r["optimizer_steps"] >= 1 and math.isfinite(r["value_loss"]) for r in train)
     # Several turns per episode: more sampled tokens than one turn of rollout.max_new_tokens can hold.
     assert max(r["completion_tokens_mean"] for r in train) > 16
+
+
+def test_hanging_env_times_out_and_training_goes_on(tmp_path):
+    config = tiny_config(tmp_path, env={"id": "user_envs:Hanging", "kwargs": {}, "step_timeout": 1.0},
+                         eval={"num_tasks": 1}, algorithm={"beta": 0.0})
+    proc = run_cli("train", config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    train = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["split"] == "train"]
+    assert len(train) == 2
+    assert sum(r["env_timeouts"] for r in train) >= 2
+    assert all(r["errors"] >= r["env_timeouts"] for r in train)

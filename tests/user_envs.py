@@ -71,3 +71,17 @@ class GuessNumber(gym.Env):
         hint = "No digit found." if not digits else ("Higher." if digits[0] < self.task.answer else "Lower.")
         # A small step reward for any well-formed guess: a process signal per turn.
         return hint, 0.1 if digits else 0.0, False, self.guesses >= self.max_guesses, {"correct": False}
+
+
+class Hanging(Capitals):
+    """Every third step hangs far past any sensible timeout."""
+
+    calls = 0
+
+    def step(self, action):
+        Hanging.calls += 1
+        if Hanging.calls % 3 == 0:
+            import time
+
+            time.sleep(600)
+        return super().step(action)

@@ -112,7 +112,7 @@ def eval_cmd(
         backend = HFBackend(policy.model, policy.tokenizer, cfg.eval.batch_size, cfg.seed)
         with _progress() as progress:
             bar = progress.add_task("eval", total=len(tasks), info="")
-            result = evaluate(envs, backend, policy.tokenizer, tasks, cfg.eval, cfg.rollout,
+            result = evaluate(envs, backend, policy.tokenizer, tasks, cfg.eval, cfg.rollout, cfg.env.step_timeout,
                               lambda n: progress.advance(bar, n))
     if as_json:
         sys.stdout.write(json.dumps({"checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.id,

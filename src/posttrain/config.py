@@ -63,6 +63,9 @@ class EnvSection(_Section):
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments passed to the environment's constructor."
     )
+    step_timeout: float = Field(
+        60.0, gt=0.0, description="Seconds a reset() or step() may take; past it the episode ends with an error."
+    )
 
 
 AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "ppo"]

@@ -32,6 +32,7 @@ def evaluate(
     tasks: list[Task],
     cfg: EvalSection,
     rollout: RolloutSection,
+    step_timeout: float = 60.0,
     on_progress: Callable[[int], None] | None = None,
 ) -> EvalResult:
     """One episode per held-out task (greedy unless ``cfg.temperature`` > 0), with the training
@@ -41,7 +42,7 @@ def evaluate(
     for start in range(0, len(tasks), cfg.batch_size):
         chunk = tasks[start : start + cfg.batch_size]
         trajectories += run_episodes(envs, backend, tokenizer, chunk, params, 1, rollout.max_turns,
-                                     rollout.max_context_tokens)
+                                     rollout.max_context_tokens, step_timeout)
         if on_progress:
             on_progress(len(chunk))
     n = max(len(trajectories), 1)

@@ -14,6 +14,8 @@ environment that raises becomes a trajectory with ``error`` set and zero reward;
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +36,10 @@ class EnvPool:
         while len(self._envs) < n:
             self._envs.append(self._factory())
         return self._envs[:n]
+
+    def replace(self, env: gym.Env) -> None:
+        """Swap out an instance that may still be busy (a step that timed out) for a fresh one."""
+        self._envs[self._envs.index(env)] = self._factory()
 
     def tasks(self, split: str) -> list[Task]:
         return list(self._envs[0].tasks(split))
@@ -97,6 +103,30 @@ class _Episode:
         self.done = True
 
 
+def _call_all(calls: list[Callable[[], Any]], timeout: float) -> list[tuple[bool, Any]]:
+    """Run ``calls`` concurrently; ``(True, result)`` or ``(False, exception)`` for each.
+
+    Daemon threads rather than an executor: a call that hangs past ``timeout`` is abandoned
+    (Python cannot kill a thread) and must not keep the process alive at exit.
+    """
+    results: list[tuple[bool, Any] | None] = [None] * len(calls)
+
+    def work(i: int) -> None:
+        try:
+            results[i] = (True, calls[i]())
+        except Exception as e:  # noqa: BLE001 - a failing environment is data, not a crash
+            results[i] = (False, e)
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    late = TimeoutError(f"no answer within {timeout:g} s")
+    return [r if r is not None else (False, late) for r in results]
+
+
 def run_episodes(
     envs: EnvPool,
     backend: GenerationBackend,
@@ -106,51 +136,68 @@ def run_episodes(
     num_samples: int = 1,
     max_turns: int = 1,
     max_context: int = 4096,
+    step_timeout: float = 60.0,
 ) -> list[Trajectory]:
-    """``num_samples`` trajectories per task, grouped by task, over up to ``max_turns`` turns."""
+    """``num_samples`` trajectories per task, grouped by task, over up to ``max_turns`` turns.
+
+    Environments are reset and stepped concurrently; one that raises or takes longer than
+    ``step_timeout`` seconds ends its trajectory with an error (and is replaced in the pool).
+    """
     episodes = [_Episode(env, task) for env, task in
                 zip(envs.take(len(tasks) * num_samples), [t for t in tasks for _ in range(num_samples)])]
-    for ep in episodes:
+    resets = _call_all([lambda ep=ep: ep.env.reset(options={"task": ep.traj.task}) for ep in episodes], step_timeout)
+    for ep, (ok, value) in zip(episodes, resets):
         try:
-            observation, _ = ep.env.reset(options={"task": ep.traj.task})
-            ep.traj.prompt_ids = encode_prompt(tokenizer, observation)
+            if not ok:
+                raise value
+            ep.traj.prompt_ids = encode_prompt(tokenizer, value[0])
         except Exception as e:  # noqa: BLE001 - a failing environment is data, not a crash
             ep.fail("reset", e)
+            if isinstance(e, TimeoutError):
+                envs.replace(ep.env)
     for turn in range(max_turns):
         live = [ep for ep in episodes if not ep.done]
         if not live:
             break
-        if turn == 0 and num_samples > 1:
+        if turn == 0 and num_samples > 1 and len(live) == len(episodes):
             # The samples of one task share a prompt: prefill it once (see HFBackend).
-            firsts = [ep for k, ep in enumerate(episodes) if k % num_samples == 0]
-            gens = backend.generate([ep.traj.prompt_ids for ep in firsts], params, num_samples)
-            by_episode = {id(ep): g for ep, g in zip(episodes, gens)}
-            generations = [by_episode[id(ep)] for ep in live]
+            generations = backend.generate([ep.traj.prompt_ids for ep in episodes[::num_samples]], params, num_samples)
         else:
             generations = backend.generate([ep.context for ep in live], params)
-        for ep, gen in zip(live, generations):
-            _advance(ep, gen, tokenizer, last_turn=turn == max_turns - 1, max_context=max_context)
-    for ep in episodes:
-        if not ep.done:  # only reachable with max_turns == 0
-            ep.traj.finish_reason = "max_turns"
+        texts = [_append_turn(ep, gen, tokenizer) for ep, gen in zip(live, generations)]
+        steps = _call_all([lambda ep=ep, text=text: ep.env.step(text) for ep, text in zip(live, texts)], step_timeout)
+        for ep, gen, text, (ok, value) in zip(live, generations, texts, steps):
+            if not ok:
+                ep.fail("step", value)
+                if isinstance(value, TimeoutError):
+                    envs.replace(ep.env)
+                continue
+            _after_step(ep, gen, text, value, tokenizer, last_turn=turn == max_turns - 1, max_context=max_context)
     return [ep.traj for ep in episodes]
 
 
-def _advance(ep: _Episode, gen: Generation, tokenizer, last_turn: bool, max_context: int) -> None:
-    """Append one sampled turn, step the environment, and append its observation if the episode goes on."""
+def _append_turn(ep: _Episode, gen: Generation, tokenizer) -> str:
+    """Append one sampled turn to the trajectory; return its text for the environment."""
     traj = ep.traj
     traj.completion_ids += gen.token_ids
     traj.loss_mask += [1] * len(gen.token_ids)
     traj.behaviour_logprobs += gen.logprobs
     traj.finish_reason = gen.finish_reason
-    text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+    return tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+
+
+def _after_step(ep: _Episode, gen: Generation, text: str, result: tuple, tokenizer, last_turn: bool,
+                max_context: int) -> None:
+    """Record the environment's answer; append its observation if the episode goes on."""
+    traj = ep.traj
     try:
-        observation, reward, terminated, truncated, info = ep.env.step(text)
-    except Exception as e:  # noqa: BLE001
-        ep.fail("step", e)
+        observation, reward, terminated, truncated, info = result
+        step = Step(text, str(observation), float(reward), bool(terminated), bool(truncated), dict(info))
+    except (TypeError, ValueError) as e:
+        ep.fail("step", ValueError(f"step() must return (observation, reward, terminated, truncated, info): {e}"))
         return
-    traj.steps.append(Step(text, str(observation), float(reward), bool(terminated), bool(truncated), dict(info)))
-    traj.reward = float(reward)
+    traj.steps.append(step)
+    traj.reward = step.reward
     if terminated or truncated:
         ep.done = True
         return
@@ -161,7 +208,7 @@ def _advance(ep: _Episode, gen: Generation, tokenizer, last_turn: bool, max_cont
     sampled_eos = bool(gen.token_ids) and gen.token_ids[-1] == tokenizer.eos_token_id
     delta = observation_delta(tokenizer, observation, sampled_eos)
     if len(ep.context) + len(delta) >= max_context:
-        traj.steps[-1].truncated = True
+        step.truncated = True
         traj.finish_reason = "max_context"
         ep.done = True
         return

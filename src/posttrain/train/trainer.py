@@ -126,7 +126,7 @@ class Trainer:
             self.progress("eval", done, len(self.eval_tasks), {})
 
         result = evaluate(self.envs, self.backend, self.policy.tokenizer, self.eval_tasks, self.cfg.eval,
-                          self.cfg.rollout, tick)
+                          self.cfg.rollout, self.cfg.env.step_timeout, tick)
         self.progress("eval", len(self.eval_tasks), len(self.eval_tasks), {"step": self.step, **result.metrics()})
         if logger:
             logger.log("eval", self.step, result.metrics())
@@ -168,7 +168,7 @@ class Trainer:
             rounds += 1
             tasks = self._next_tasks(cfg.train.tasks_per_step - len(kept) // g)
             trajectories = run_episodes(self.envs, self.backend, self.policy.tokenizer, tasks, self.sampling, g,
-                                        cfg.rollout.max_turns, cfg.rollout.max_context_tokens)
+                                        cfg.rollout.max_turns, cfg.rollout.max_context_tokens, cfg.env.step_timeout)
             sampled += trajectories
             rewards = shaped_rewards(
                 algo, torch.tensor([t.reward for t in trajectories]),
@@ -356,4 +356,5 @@ def _rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "completion_tokens_mean": sampled / n,
         "truncated_fraction": sum(t.finish_reason == "length" for t in trajectories) / n,
         "errors": float(sum(t.error is not None for t in trajectories)),
+        "env_timeouts": float(sum("TimeoutError" in (t.error or "") for t in trajectories)),
     }
