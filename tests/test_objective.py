@@ -83,3 +83,19 @@ def test_ppo_turn_level_uses_step_rewards_then_the_outcome():
                                 step_rewards=[[0.25, 0.0], [0.0]])
     assert torch.allclose(ret, torch.tensor([[0.0, 1.25, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]]))
     assert torch.equal(adv, ret)
+
+
+def test_reward_normalisation_modes():
+    from posttrain.algorithms import RunningMeanStd
+
+    rewards, lengths = torch.tensor([1.0, 0.0, 3.0, 3.0]), torch.zeros(4)
+    group = shaped_rewards(AlgorithmSection(group_size=2, reward_normalization="group"), rewards, lengths, 16)
+    assert torch.allclose(group, torch.tensor([0.7071, -0.7071, 0.0, 0.0]), atol=1e-3)
+    batch = shaped_rewards(AlgorithmSection(group_size=2, reward_normalization="batch"), rewards, lengths, 16)
+    assert batch.mean().abs() < 1e-6 and batch.std().item() == pytest.approx(1.0, abs=1e-5)
+    running = RunningMeanStd()
+    cfg = AlgorithmSection(group_size=2, reward_normalization="running")
+    shaped_rewards(cfg, torch.tensor([0.0, 2.0]), lengths[:2], 16, running)
+    # Stats now cover {0, 2, 1, 0, 3, 3}: mean 1.5, sample std sqrt(1.9).
+    out = shaped_rewards(cfg, rewards, lengths, 16, running)
+    assert torch.allclose(out, (rewards - 1.5) / 1.9**0.5, atol=1e-5)

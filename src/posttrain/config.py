@@ -137,9 +137,9 @@ class AlgorithmSection(_Section):
         0, ge=0, description="DAPO's soft overlong punishment: the last N tokens before rollout.max_new_tokens "
         "cost up to -1 reward, linearly; 0 turns it off."
     )
-    reward_normalization: Literal["none", "batch", "running"] = Field(
-        "none", description="Normalise rewards before advantages: over the batch, or with running mean/std "
-        "across steps."
+    reward_normalization: Literal["none", "group", "batch", "running"] = Field(
+        "none", description="Normalise rewards before advantages: within each task's group, over the batch, or "
+        "with running mean/std across steps."
     )
     advantage_clip: float = Field(0.0, ge=0.0, description="Clamp advantages to [-x, x]; 0 turns it off.")
     whiten_advantages: bool = Field(False, description="Normalise token advantages to mean 0, std 1 over the batch "

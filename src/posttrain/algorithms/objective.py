@@ -28,7 +28,7 @@ def shaped_rewards(
     """Environment rewards plus DAPO's overlong penalty, then the configured normalisation."""
     if cfg.overlong_buffer:
         rewards = rewards + overlong_penalty(lengths, max_new_tokens, cfg.overlong_buffer)
-    return normalize_rewards(rewards, cfg.reward_normalization, running=running)
+    return normalize_rewards(rewards, cfg.reward_normalization, cfg.group_size, running)
 
 
 def uses_critic(cfg: AlgorithmSection) -> bool:
