@@ -1,8 +1,10 @@
-"""Checkpoints: the model (or its LoRA adapters) plus everything needed to continue the run.
+"""Checkpoints: the model (or its LoRA adapters) and the trainer's state.
 
-Layout of ``<run>/checkpoints/step-000010/``: ``model/`` (a loadable HF directory),
-``trainer_state.pt`` (optimiser, scheduler, step, RNG states). A checkpoint is written to a
-temporary name and renamed into place, so a crash never leaves a half-written one behind.
+Layout of ``<run>/checkpoints/step-000010/``: ``model/`` (a loadable HF directory, what
+``posttrain eval --checkpoint`` reads), ``trainer_state.pt`` (optimiser, scheduler, step, RNG and
+task-order state, critic weights; kept for resuming, which the trainer does not do yet). A
+checkpoint is written to a temporary name and renamed into place, so a crash never leaves a
+half-written one behind.
 """
 
 from __future__ import annotations
@@ -19,11 +21,6 @@ from posttrain.models.policy import Policy
 
 def checkpoint_path(run_dir: Path, step: int) -> Path:
     return run_dir / "checkpoints" / f"step-{step:06d}"
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    found = sorted((run_dir / "checkpoints").glob("step-[0-9]*"))
-    return found[-1] if found else None
 
 
 def save_checkpoint(
