@@ -26,24 +26,27 @@ from posttrain.models.logprobs import predictor_states
 class Critic(nn.Module):
     def __init__(self, policy_model: nn.Module, mode: Literal["head", "separate"]):
         super().__init__()
-        hidden = policy_model.get_decoder().config.hidden_size
+        decoder = policy_model.get_decoder()
         self.mode = mode
-        self.head = nn.Linear(hidden, 1)
+        self.head = nn.Linear(decoder.config.hidden_size, 1)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
         self.trunk = None
         if mode == "separate":
-            self.trunk = copy.deepcopy(policy_model.get_decoder())
+            self.trunk = copy.deepcopy(decoder)
             self.trunk.requires_grad_(True)
+        # The policy's trunk, kept outside nn.Module's registry so that the critic's
+        # parameters() (its optimiser group) never include the policy's weights.
+        object.__setattr__(self, "_policy_trunk", decoder)
 
     def values(self, input_ids, attention_mask, positions=None, prompt_lengths=None) -> torch.Tensor:
-        """``[B, T]`` values of the states in which the ``positions`` tokens were chosen (separate mode).
+        """``[B, T]`` values of the states in which the ``positions`` tokens were chosen.
 
-        In head mode the values come from :func:`posttrain.models.logprobs.policy_forward` with
-        ``value_head=critic.head`` instead, sharing the policy's forward pass.
+        A values-only pass (no LM head). During the policy update of a head-mode critic the values
+        come from :func:`posttrain.models.logprobs.policy_forward` with ``value_head=critic.head``
+        instead, sharing the policy's forward pass.
         """
-        if self.trunk is None:
-            raise RuntimeError("a head-mode critic has no trunk of its own; use policy_forward(value_head=...)")
-        rows, want = predictor_states(self.trunk, input_ids, attention_mask, positions, prompt_lengths)
+        trunk = self.trunk if self.trunk is not None else self._policy_trunk
+        rows, want = predictor_states(trunk, input_ids, attention_mask, positions, prompt_lengths)
         out = torch.zeros(want.shape, dtype=torch.float32)
         return out.masked_scatter(want, self.head(rows).squeeze(-1).float())

@@ -275,7 +275,9 @@ class Trainer:
         mb = self.cfg.train.microbatch_size
         for s in range(0, len(batch), mb):
             part = batch.select(slice(s, s + mb))
-            out[s : s + mb, : part.input_ids.shape[1]] = self._forward(part).values
+            out[s : s + mb, : part.input_ids.shape[1]] = self.critic.values(
+                part.input_ids, part.attention_mask, part.loss_mask, part.prompt_lengths
+            )
         return out
 
     def _forward(self, micro: Batch):
