@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args):
-    # tests/ on the path so that configs can name the user environments in tests/user_envs.py.
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+    # tests/ on the path so that configs can name the user environments in tests/user_envs.py;
+    # src/ first so that the checkout under test is the one imported, whatever is installed.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
     return subprocess.run([sys.executable, "-m", "posttrain.cli", *map(str, args)], capture_output=True, text=True,
                           cwd=ROOT, env=env)
 
