@@ -1,4 +1,4 @@
-"""Command line: ``posttrain train|eval|envs``.
+"""Command line: ``posttrain train|eval|collect|dpo|sft|envs``.
 
 User mistakes (a bad config, a missing file, an unknown environment or model) print one line
 naming what is wrong and exit with code 2, without a traceback.
@@ -34,13 +34,14 @@ def _quiet_libraries() -> None:
 
 @contextmanager
 def _user_errors():
+    from posttrain.data.store import DataError
     from posttrain.envs.registry import EnvError
     from posttrain.models.loading import ModelLoadError
 
     _quiet_libraries()
     try:
         yield
-    except (ConfigError, EnvError, ModelLoadError, FileNotFoundError) as e:
+    except (ConfigError, EnvError, ModelLoadError, FileNotFoundError, DataError) as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
@@ -120,6 +121,88 @@ def eval_cmd(
     else:
         Console().print(f"held-out accuracy {result.accuracy:.1%}  mean reward {result.reward_mean:.3f}  "
                         f"({result.num_tasks} tasks, {result.errors} errors)")
+
+
+@app.command()
+def collect(
+    config: str = typer.Argument(..., help="YAML run config (its model, env and rollout sections are used)."),
+    out: str = typer.Option(..., "--out", help="Trajectory store directory to append to."),
+    n: int = typer.Option(..., "--n", min=1, help="Trajectories sampled per task."),
+    tasks: Optional[int] = typer.Option(None, "--tasks", min=1, help="Collect on the first N training tasks "
+                                        "(default: all)."),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Checkpoint or model directory to sample "
+                                             "with instead of model.name."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Sample N trajectories per training task and append them to a trajectory store."""
+    with _user_errors():
+        cfg = load_config(config, overrides)
+        from posttrain.data.collect import collect as run_collect
+
+        def acknowledge(written: int, total: int, part) -> None:
+            # One line per durable part: what an interrupted collection is guaranteed to keep.
+            sys.stdout.write(f"appended {written}/{total} {part.name}\n")
+            sys.stdout.flush()
+
+        result = run_collect(cfg, out, n, tasks, checkpoint, acknowledge)
+    Console().print(f"collected {result.trajectories} trajectories ({result.successes / result.trajectories:.1%} "
+                    f"successful, {result.errors} errors) in {result.seconds / 60:.1f} min into {out} "
+                    f"(run {result.run_id})")
+
+
+def _offline(config: str, overrides: list[str], methods: tuple[str, ...], command: str) -> None:
+    with _user_errors():
+        cfg = load_config(config, overrides)
+        if cfg.offline.method not in methods:
+            raise ConfigError(f"{config}: `posttrain {command}` trains offline.method {' or '.join(methods)}, "
+                              f"got {cfg.offline.method!r}")
+        from posttrain.train.offline import OfflineTrainer
+
+        with _progress() as progress:
+            bars: dict[str, int] = {}
+
+            def hook(phase: str, done: int, total: int, info: dict) -> None:
+                if phase not in bars:
+                    bars[phase] = progress.add_task(phase, total=total, info="")
+                if phase == "eval" and done <= total and progress.tasks[bars[phase]].completed >= total:
+                    progress.reset(bars[phase], total=total)
+                text = f"loss {info['loss']:.3f}  {info['step_seconds']:.1f}s/step" if phase == "train" else ""
+                progress.update(bars[phase], completed=done, info=text)
+                if phase == "eval" and info:
+                    progress.console.print(f"step {info['step']}: held-out accuracy {info['accuracy']:.1%}, "
+                                           f"mean reward {info['reward_mean']:.3f}")
+
+            trainer = OfflineTrainer(cfg, progress=hook)
+            progress.console.print(f"{cfg.offline.method}: {len(trainer.examples)} training examples")
+            result = trainer.train()
+    table = Table(title=f"posttrain {command} ({cfg.offline.method}): {cfg.model.name} on {cfg.env.id}, "
+                        f"{result.steps} steps in {result.seconds / 60:.1f} min")
+    table.add_column("held-out")
+    table.add_column("accuracy", justify="right")
+    table.add_column("mean reward", justify="right")
+    for name, r in (("before", result.before), ("after", result.after)):
+        if r is not None:
+            table.add_row(name, f"{r.accuracy:.1%}", f"{r.reward_mean:.3f}")
+    Console().print(table)
+    Console().print(f"run directory: {result.run_dir}")
+
+
+@app.command()
+def dpo(
+    config: str = typer.Argument(..., help="YAML run config; offline.method is dpo, ipo, cdpo or kto."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Preference optimisation (DPO, IPO, cDPO, KTO) on a trajectory store's successes and failures."""
+    _offline(config, overrides, ("dpo", "ipo", "cdpo", "kto"), "dpo")
+
+
+@app.command()
+def sft(
+    config: str = typer.Argument(..., help="YAML run config; offline.method is rft (store) or sft (demonstrations)."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Supervised fine-tuning: on a store's successful trajectories (rft) or on demonstrations (sft)."""
+    _offline(config, overrides, ("rft", "sft"), "sft")
 
 
 @app.command()

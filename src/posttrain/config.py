@@ -227,6 +227,69 @@ class EvalSection(_Section):
     batch_size: int = Field(64, gt=0, description="Held-out tasks generated per batched call.")
 
 
+class StoreSection(_Section):
+    path: str = Field(
+        "", description="Trajectory store directory (Parquet parts); empty means <output_dir>/trajectories."
+    )
+    write: bool = Field(
+        False, description="Online training appends every sampled trajectory to the store, with the run id and "
+        "policy version (the optimiser step that sampled it)."
+    )
+
+
+OfflineMethod = Literal["dpo", "ipo", "cdpo", "kto", "sft", "rft"]
+
+
+class OfflineSection(_Section):
+    method: OfflineMethod = Field(
+        "dpo",
+        description="dpo (Rafailov et al. 2023: sigmoid loss on success/failure pairs), ipo (Azar et al. 2023: "
+        "squared loss on the per-token log-ratio margin), cdpo (Mitchell 2023: DPO with label smoothing), kto "
+        "(Ethayarajh et al. 2024: unpaired successes and failures), rft (rejection-sampling fine-tuning: SFT on "
+        "the store's successful trajectories), sft (SFT on sft.demonstrations).",
+    )
+    store: str = Field("", description="Trajectory store to train on (a directory written by `posttrain collect` "
+                       "or by training with store.write).")
+    beta: float = Field(0.1, gt=0.0, description="DPO/cDPO/KTO: strength of the implicit KL to the reference "
+                        "(beta); IPO: tau, the target margin is 1/(2 tau).")
+    label_smoothing: float = Field(
+        0.1, ge=0.0, lt=0.5, description="cDPO: probability that a preference label is flipped (epsilon)."
+    )
+    kto_desirable_weight: float = Field(1.0, gt=0.0, description="KTO: weight of the successful (desirable) "
+                                        "examples (lambda_D).")
+    kto_undesirable_weight: float = Field(1.0, gt=0.0, description="KTO: weight of the failed (undesirable) "
+                                          "examples (lambda_U).")
+    success_threshold: float = Field(
+        1.0, description="A trajectory with reward >= this is a success (RFT keeps it; KTO calls it desirable)."
+    )
+    min_reward_gap: float = Field(
+        0.0, ge=0.0, description="A pair needs chosen reward > rejected reward + this gap (graded rewards rank; "
+        "0/1 rewards pair successes with failures)."
+    )
+    max_pairs_per_task: int = Field(
+        8, ge=0, description="Most preference pairs per task, largest reward gap first, spreading the "
+        "trajectories used; 0 keeps every pair."
+    )
+    epochs: int = Field(2, ge=1, description="Passes over the offline data.")
+    batch_size: int = Field(8, gt=0, description="Pairs (DPO family) or sequences (KTO, SFT, RFT) per optimiser "
+                            "step.")
+    microbatch_size: int = Field(8, gt=0, description="Pairs or sequences per forward/backward pass.")
+    learning_rate: float = Field(2e-6, gt=0.0, description="AdamW learning rate of offline training.")
+
+
+class SftSection(_Section):
+    demonstrations: str = Field(
+        "", description="JSONL of demonstrations: {prompt, completion} or {messages: [...]} (the last assistant "
+        "message is the target). Used by `posttrain sft` (offline.method=sft) and mixed into online RL."
+    )
+    weight: float = Field(
+        0.0, ge=0.0, description="Online RL: add weight x the SFT loss (mean NLL of the demonstration "
+        "completions) to every optimiser step's loss, to keep base abilities; 0 turns it off."
+    )
+    batch_size: int = Field(8, gt=0, description="Online RL: demonstrations per optimiser step for the mixed "
+                            "SFT loss.")
+
+
 class RunConfig(_Section):
     model: ModelSection = Field(default_factory=ModelSection, description="The policy.")
     env: EnvSection = Field(default_factory=EnvSection, description="The environment.")
@@ -234,6 +297,9 @@ class RunConfig(_Section):
     rollout: RolloutSection = Field(default_factory=RolloutSection, description="Trajectory sampling.")
     train: TrainSection = Field(default_factory=TrainSection, description="The training loop.")
     eval: EvalSection = Field(default_factory=EvalSection, description="Held-out evaluation.")
+    store: StoreSection = Field(default_factory=StoreSection, description="Trajectory store.")
+    offline: OfflineSection = Field(default_factory=OfflineSection, description="Offline training (dpo, sft).")
+    sft: SftSection = Field(default_factory=SftSection, description="Demonstrations for SFT.")
     output_dir: str = Field("runs/default", description="Run directory: checkpoints, metrics, logs.")
     seed: int = Field(0, description="Seed for task sampling, generation and initialisation.")
 

@@ -1,0 +1,71 @@
+"""Sample trajectories with a fixed policy and append them to a store (`posttrain collect`)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from posttrain.config import RunConfig
+from posttrain.data.store import TrajectoryStore
+from posttrain.envs import EnvError, make_env
+from posttrain.models import Policy
+from posttrain.rollout import EnvPool, HFBackend, SamplingParams, run_episodes
+
+
+@dataclass
+class CollectResult:
+    run_id: str
+    trajectories: int
+    successes: int
+    errors: int
+    seconds: float
+
+
+def collect(
+    cfg: RunConfig,
+    out: str | Path,
+    samples_per_task: int,
+    num_tasks: int | None = None,
+    checkpoint: str | None = None,
+    on_append: Callable[[int, int, Path], None] | None = None,
+) -> CollectResult:
+    """``samples_per_task`` trajectories for each of the first ``num_tasks`` training tasks.
+
+    Sampling uses the rollout section (temperature, max tokens, turns). Each batch of tasks is
+    appended as its own part file as soon as it is sampled, so an interrupted collection keeps
+    every batch it finished; ``on_append(written, total, part)`` is called after each append
+    returns, when the part is durable.
+    """
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    torch.manual_seed(cfg.seed)
+    envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs))
+    tasks = envs.tasks("train")[:num_tasks] if num_tasks else envs.tasks("train")
+    if not tasks:
+        raise EnvError(f"env {cfg.env.id!r} has no training tasks to collect on")
+    policy = Policy.load(cfg.model, checkpoint=checkpoint)
+    backend = HFBackend(policy.model, policy.tokenizer, cfg.rollout.batch_size, cfg.seed)
+    params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                            max_new_tokens=cfg.rollout.max_new_tokens, stop=tuple(cfg.rollout.stop))
+    store = TrajectoryStore(out)
+    run_id = f"collect-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    per_batch = max(1, cfg.rollout.batch_size // samples_per_task)
+    start = time.time()
+    written = successes = errors = 0
+    total = len(tasks) * samples_per_task
+    for i in range(0, len(tasks), per_batch):
+        trajectories = run_episodes(envs, backend, policy.tokenizer, tasks[i : i + per_batch], params,
+                                    samples_per_task, cfg.rollout.max_turns, cfg.rollout.max_context_tokens,
+                                    cfg.env.step_timeout)
+        part = store.append(trajectories, run_id, policy_version=0)
+        written += len(trajectories)
+        successes += sum(t.correct for t in trajectories)
+        errors += sum(t.error is not None for t in trajectories)
+        if on_append and part is not None:
+            on_append(written, total, part)
+    return CollectResult(run_id, written, successes, errors, time.time() - start)

@@ -1,0 +1,53 @@
+"""Demonstrations for supervised fine-tuning, as trajectories whose every completion token is a target.
+
+A JSONL file, one demonstration per line, either ``{"prompt": ..., "completion": ...}`` or
+``{"messages": [...]}`` (chat messages; the last one must be the assistant's answer). The prompt
+is rendered with the chat template exactly as the rollout renders it, and the completion ends
+with the EOS token, as a sampled answer does, so the model also learns to stop.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from posttrain.data.store import DataError
+from posttrain.rollout.episodes import encode_prompt
+from posttrain.types import Task, Trajectory
+
+
+def _split(record: dict, where: str) -> tuple[list[dict], str]:
+    if "messages" in record:
+        messages = record["messages"]
+        if not isinstance(messages, list) or not messages or messages[-1].get("role") != "assistant":
+            raise DataError(f"{where}: 'messages' must be a list ending with an assistant message")
+        return messages[:-1], str(messages[-1].get("content", ""))
+    if "prompt" in record and "completion" in record:
+        return [{"role": "user", "content": str(record["prompt"])}], str(record["completion"])
+    raise DataError(f"{where}: expected keys 'prompt' and 'completion', or 'messages'")
+
+
+def load_demonstrations(path: str | Path, tokenizer) -> list[Trajectory]:
+    """Every demonstration in the JSONL file ``path`` as a trajectory with loss mask 1 on its answer."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"demonstrations file not found: {p} (expected JSONL)")
+    out = []
+    for n, line in enumerate(p.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{p}:{n}: not valid JSON: {e}") from None
+        if not isinstance(record, dict):
+            raise DataError(f"{p}:{n}: expected a JSON object")
+        context, answer = _split(record, f"{p}:{n}")
+        completion = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
+        prompt = context[-1]["content"] if context else ""
+        out.append(Trajectory(task=Task(f"demo-{n}", str(prompt)), prompt_ids=encode_prompt(tokenizer, context),
+                              completion_ids=completion, loss_mask=[1] * len(completion),
+                              behaviour_logprobs=[0.0] * len(completion), reward=1.0))
+    if not out:
+        raise DataError(f"{p}: no demonstrations")
+    return out

@@ -1,0 +1,267 @@
+"""Offline training on stored data: DPO, IPO, cDPO, KTO, rejection-sampling fine-tuning, SFT.
+
+No sampling during training: the data is read once (preference pairs or labelled trajectories
+from a trajectory store, or demonstrations), the reference log-probabilities are computed once
+before the first update (by the policy itself, which is the reference until it is trained, so
+no second copy of the model is kept), then ``offline.epochs`` passes of minibatch updates run.
+Held-out accuracy is measured before and after, as in online training.
+
+Sequence log-probabilities are sums over the agent's tokens only (loss mask 1), computed by
+:func:`posttrain.models.logprobs.policy_forward`: the chosen and rejected answers to one prompt
+share a single forward of that prompt, and only agent tokens go through the LM head.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from posttrain.algorithms.preference import dpo_loss, ipo_loss, kto_kl_estimate, kto_loss, sft_loss
+from posttrain.config import ConfigError, RunConfig
+from posttrain.data.demonstrations import load_demonstrations
+from posttrain.data.pairs import PreferencePair, preference_pairs, split_by_success
+from posttrain.data.store import DataError, TrajectoryStore
+from posttrain.envs import make_env
+from posttrain.eval import EvalResult, evaluate
+from posttrain.models import Policy
+from posttrain.rollout import EnvPool, HFBackend
+from posttrain.train.checkpoint import save_checkpoint
+from posttrain.train.metrics import MetricsLogger
+from posttrain.train.trainer import ProgressHook, RunningStats, TrainResult
+from posttrain.types import Batch, Trajectory
+
+PAIRED = ("dpo", "ipo", "cdpo")
+
+
+@dataclass
+class SequenceLogps:
+    """Per-sequence sums of agent-token log-probabilities ``[N]`` and agent-token counts ``[N]``."""
+
+    logps: torch.Tensor
+    tokens: torch.Tensor
+
+
+def sequence_logps(policy: Policy, trajectories: list[Trajectory]) -> SequenceLogps:
+    """Sum of log p(token) over each trajectory's agent tokens (gradient flows if enabled)."""
+    batch = Batch.from_trajectories(trajectories, policy.pad_id)
+    lp, _ = policy.logprobs(batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths)
+    return SequenceLogps((lp * batch.loss_mask).sum(-1), batch.loss_mask.sum(-1))
+
+
+def mismatched(trajectories: list[Trajectory], seed: int) -> list[Trajectory]:
+    """For KTO's KL estimate: each prompt with the completion of another example (a fixed random cycle)."""
+    order = list(range(len(trajectories)))
+    random.Random(seed).shuffle(order)
+    partner = {order[k]: order[(k + 1) % len(order)] for k in range(len(order))}
+    out = []
+    for i, t in enumerate(trajectories):
+        o = trajectories[partner[i]]
+        out.append(Trajectory(task=t.task, prompt_ids=t.prompt_ids, completion_ids=o.completion_ids,
+                              loss_mask=o.loss_mask, behaviour_logprobs=o.behaviour_logprobs))
+    return out
+
+
+class OfflineTrainer:
+    """``cfg.offline.method`` on the data it names; see the module docstring."""
+
+    def __init__(self, cfg: RunConfig, progress: ProgressHook | None = None):
+        self.cfg = cfg
+        self.off = cfg.offline
+        self.progress = progress or (lambda *a: None)
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.run_dir = Path(cfg.output_dir)
+        self.envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs))
+        self.eval_tasks = self.envs.tasks("eval")[: cfg.eval.num_tasks]
+        self.policy = Policy.load(cfg.model)
+        self.examples, self.labels = self._load_examples()
+        self.backend = HFBackend(self.policy.model, self.policy.tokenizer, cfg.eval.batch_size, cfg.seed)
+        self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=self.off.learning_rate,
+                                           weight_decay=cfg.train.weight_decay)
+        warmup = cfg.train.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        self.reference: dict[str, torch.Tensor] = {}
+        self.step = 0
+
+    # ----------------------------------------------------------------- data
+
+    def _load_examples(self) -> tuple[list, torch.Tensor | None]:
+        """Pairs (DPO family), or trajectories with success labels (KTO), or SFT targets."""
+        off = self.off
+        if off.method == "sft":
+            if not self.cfg.sft.demonstrations:
+                raise ConfigError("offline.method=sft trains on demonstrations: set sft.demonstrations to a JSONL file")
+            return load_demonstrations(self.cfg.sft.demonstrations, self.policy.tokenizer), None
+        if not off.store:
+            raise ConfigError(f"offline.method={off.method} reads a trajectory store: set offline.store")
+        store = TrajectoryStore(off.store)
+        if not store.files():
+            raise DataError(f"trajectory store {off.store} holds no trajectories (write one with `posttrain collect`)")
+        trajectories = store.trajectories()
+        if off.method in PAIRED:
+            pairs = preference_pairs(trajectories, off.min_reward_gap, off.max_pairs_per_task)
+            if not pairs:
+                raise DataError(f"trajectory store {off.store}: no preference pairs (no task has samples with "
+                                "different rewards)")
+            return pairs, None
+        successes, failures = split_by_success(trajectories, off.success_threshold)
+        if off.method == "rft":
+            if not successes:
+                raise DataError(f"trajectory store {off.store}: no trajectory reaches offline.success_threshold "
+                                f"({off.success_threshold})")
+            return successes, None
+        labels = torch.tensor([True] * len(successes) + [False] * len(failures))
+        return successes + failures, labels
+
+    def _rows(self, items: list[int]) -> list[Trajectory]:
+        """The sequences one group of examples needs: chosen then rejected answers for pairs."""
+        if self.off.method in PAIRED:
+            pairs: list[PreferencePair] = [self.examples[i] for i in items]
+            return [p.chosen for p in pairs] + [p.rejected for p in pairs]
+        return [self.examples[i] for i in items]
+
+    @torch.no_grad()
+    def _precompute_reference(self) -> None:
+        """Reference log-probabilities of every sequence, once, before the policy moves."""
+        if self.off.method in ("sft", "rft"):
+            return
+        mb = self.off.microbatch_size
+        logps = []
+        for s in range(0, len(self.examples), mb):
+            items = list(range(s, min(s + mb, len(self.examples))))
+            logps.append(sequence_logps(self.policy, self._rows(items)))
+        if self.off.method in PAIRED:
+            self.reference["chosen"] = torch.cat([x.logps[: len(x.logps) // 2] for x in logps])
+            self.reference["rejected"] = torch.cat([x.logps[len(x.logps) // 2 :] for x in logps])
+        else:
+            self.reference["logps"] = torch.cat([x.logps for x in logps])
+            self._mismatched = mismatched(self.examples, self.cfg.seed)
+            self.reference["mismatched"] = torch.cat([
+                sequence_logps(self.policy, self._mismatched[s : s + mb]).logps
+                for s in range(0, len(self._mismatched), mb)
+            ])
+
+    # ----------------------------------------------------------------- loop
+
+    def train(self) -> TrainResult:
+        cfg, off = self.cfg, self.off
+        start = time.time()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+        logger = MetricsLogger(self.run_dir)
+        try:
+            before = self.evaluate(logger) if cfg.eval.before_training else None
+            t0 = time.time()
+            self._precompute_reference()
+            logger.log("train", 0, {"examples": float(len(self.examples)), "reference_seconds": time.time() - t0})
+            rng = random.Random(cfg.seed)
+            per_epoch = -(-len(self.examples) // off.batch_size)
+            total = off.epochs * per_epoch
+            for epoch in range(off.epochs):
+                order = list(range(len(self.examples)))
+                rng.shuffle(order)
+                for s in range(0, len(order), off.batch_size):
+                    self.step += 1
+                    metrics = self.train_step(order[s : s + off.batch_size])
+                    metrics["epoch"] = float(epoch + 1)
+                    logger.log("train", self.step, metrics)
+                    self.progress("train", self.step, total, metrics)
+            after = self.evaluate(logger)
+            save_checkpoint(self.run_dir, self.step, self.policy, self.optimizer, self.scheduler,
+                            {"method": off.method})
+        finally:
+            logger.close()
+        result = TrainResult(self.run_dir, before, after, self.step, time.time() - start)
+        summary = {"method": off.method, "examples": len(self.examples), "steps": self.step,
+                   "seconds": result.seconds, "before": before.metrics() if before else None,
+                   "after": after.metrics()}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return result
+
+    def evaluate(self, logger: MetricsLogger | None = None) -> EvalResult:
+        done = 0
+
+        def tick(n: int) -> None:
+            nonlocal done
+            done += n
+            self.progress("eval", done, len(self.eval_tasks), {})
+
+        result = evaluate(self.envs, self.backend, self.policy.tokenizer, self.eval_tasks, self.cfg.eval,
+                          self.cfg.rollout, self.cfg.env.step_timeout, tick)
+        self.progress("eval", len(self.eval_tasks), len(self.eval_tasks), {"step": self.step, **result.metrics()})
+        if logger:
+            logger.log("eval", self.step, result.metrics())
+            samples = self.run_dir / "eval_samples" / f"step-{self.step:06d}.jsonl"
+            samples.parent.mkdir(parents=True, exist_ok=True)
+            samples.write_text("".join(json.dumps(s) + "\n" for s in result.samples))
+        return result
+
+    # ----------------------------------------------------------------- one step
+
+    def train_step(self, items: list[int]) -> dict[str, float]:
+        """One optimiser step on the examples ``items``, in micro-batches."""
+        t0 = time.time()
+        self.policy.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = RunningStats()
+        kl = self._kto_reference_point(items) if self.off.method == "kto" else None
+        tokens = float(sum(t.num_sampled_tokens for t in self._rows(items)))
+        loss_total = 0.0
+        for s in range(0, len(items), self.off.microbatch_size):
+            micro = items[s : s + self.off.microbatch_size]
+            loss = self._micro_loss(micro, len(items), tokens, kl, stats)
+            loss.backward()
+            loss_total += loss.item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), self.cfg.train.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        out = stats.result()
+        out.update(loss=loss_total, grad_norm=float(grad_norm), step_seconds=time.time() - t0,
+                   learning_rate=self.scheduler.get_last_lr()[0])
+        if kl is not None:
+            out["kl"] = float(kl)
+        return out
+
+    @torch.no_grad()
+    def _kto_reference_point(self, items: list[int]) -> torch.Tensor:
+        policy = sequence_logps(self.policy, [self._mismatched[i] for i in items]).logps
+        return kto_kl_estimate(policy, self.reference["mismatched"][items])
+
+    def _micro_loss(self, micro: list[int], batch_examples: int, batch_tokens: float, kl, stats: RunningStats):
+        off = self.off
+        seq = sequence_logps(self.policy, self._rows(micro))
+        idx = torch.tensor(micro)
+        if off.method in PAIRED:
+            n = len(micro)
+            chosen, rejected = seq.logps[:n], seq.logps[n:]
+            ref_c, ref_r = self.reference["chosen"][idx], self.reference["rejected"][idx]
+            if off.method == "ipo":
+                losses = ipo_loss(chosen, rejected, ref_c, ref_r, seq.tokens[:n], seq.tokens[n:], off.beta)
+            else:
+                smoothing = off.label_smoothing if off.method == "cdpo" else 0.0
+                losses = dpo_loss(chosen, rejected, ref_c, ref_r, off.beta, smoothing)
+            with torch.no_grad():
+                margin = off.beta * ((chosen - ref_c) - (rejected - ref_r))
+                stats.add("reward_accuracy", float((margin > 0).float().mean()), n)
+                stats.add("reward_margin", float(margin.mean()), n)
+                stats.add("chosen_logratio", float((chosen - ref_c).mean()), n)
+                stats.add("rejected_logratio", float((rejected - ref_r).mean()), n)
+            return losses.sum() / batch_examples
+        if off.method == "kto":
+            losses = kto_loss(seq.logps, self.reference["logps"][idx], self.labels[idx], kl, off.beta,
+                              off.kto_desirable_weight, off.kto_undesirable_weight)
+            with torch.no_grad():
+                stats.add("logratio", float((seq.logps - self.reference["logps"][idx]).mean()), len(micro))
+            return losses.sum() / batch_examples
+        loss = sft_loss(seq.logps, torch.ones_like(seq.logps), total_tokens=batch_tokens)
+        stats.add("nll_per_token", float(loss) * batch_tokens / float(seq.tokens.sum().clamp(min=1)),
+                  float(seq.tokens.sum()))
+        return loss
