@@ -310,6 +310,8 @@ class RunConfig(_Section):
                 f"algorithm.overlong_buffer ({self.algorithm.overlong_buffer}) must not exceed "
                 f"rollout.max_new_tokens ({self.rollout.max_new_tokens})"
             )
+        if self.sft.weight > 0 and not self.sft.demonstrations:
+            raise ValueError("sft.weight > 0 mixes an SFT loss into training: set sft.demonstrations to a JSONL file")
         batch = self.train.tasks_per_step * self.algorithm.group_size
         mb = self.train.minibatch_size
         if mb and batch % mb:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,10 @@ from posttrain.algorithms.objective import (
     token_advantages,
     uses_critic,
 )
+from posttrain.algorithms.preference import sft_loss
 from posttrain.config import RunConfig
+from posttrain.data.demonstrations import load_demonstrations
+from posttrain.data.store import TrajectoryStore
 from posttrain.envs import EnvError, make_env
 from posttrain.eval import EvalResult, evaluate
 from posttrain.models import Policy
@@ -84,6 +88,13 @@ class Trainer:
         self._task_order: list[int] = []
         self._reward_stats = RunningMeanStd()
         self.step = 0
+        # Every sampled trajectory, kept for offline reuse (see posttrain.data.store).
+        self.store = TrajectoryStore(cfg.store.path or self.run_dir / "trajectories") if cfg.store.write else None
+        self.run_id = f"{self.run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        # Demonstrations whose SFT loss is mixed into every update, to keep base abilities.
+        self.demonstrations = (load_demonstrations(cfg.sft.demonstrations, self.policy.tokenizer)
+                               if cfg.sft.weight > 0 else [])
+        self._next_demo = 0
 
     # ----------------------------------------------------------------- loop
 
@@ -170,6 +181,8 @@ class Trainer:
             trajectories = run_episodes(self.envs, self.backend, self.policy.tokenizer, tasks, self.sampling, g,
                                         cfg.rollout.max_turns, cfg.rollout.max_context_tokens, cfg.env.step_timeout)
             sampled += trajectories
+            if self.store is not None:  # policy version: optimiser steps taken by the sampling policy
+                self.store.append(trajectories, self.run_id, policy_version=self.scheduler.last_epoch)
             rewards = shaped_rewards(
                 algo, torch.tensor([t.reward for t in trajectories]),
                 torch.tensor([t.num_sampled_tokens for t in trajectories]), cfg.rollout.max_new_tokens, self._reward_stats,
@@ -311,12 +324,28 @@ class Trainer:
             stats.add("entropy", float((outputs.entropy.detach() * micro.loss_mask).sum()) / max(n, 1.0), n)
             for k, v in loss_stats.items():
                 stats.add(k, float(v), n)
+        if self.demonstrations:
+            sft = self._sft_backward()
+            stats.add("sft_loss", sft)
+            loss_total += self.cfg.sft.weight * sft
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.train.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         stats.add("loss", loss_total)
         stats.add("grad_norm", float(grad_norm))
+
+
+    def _sft_backward(self) -> float:
+        """Backward of sft.weight x the NLL of the next sft.batch_size demonstrations; returns the NLL."""
+        n = self.cfg.sft.batch_size
+        demos = [self.demonstrations[(self._next_demo + i) % len(self.demonstrations)] for i in range(n)]
+        self._next_demo = (self._next_demo + n) % len(self.demonstrations)
+        batch = Batch.from_trajectories(demos, self.policy.pad_id)
+        lp, _ = self.policy.logprobs(batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths)
+        nll = sft_loss(lp, batch.loss_mask)
+        (self.cfg.sft.weight * nll).backward()
+        return nll.item()
 
 
 class RunningStats:
