@@ -262,6 +262,6 @@ class OfflineTrainer:
                 stats.add("logratio", float((seq.logps - self.reference["logps"][idx]).mean()), len(micro))
             return losses.sum() / batch_examples
         loss = sft_loss(seq.logps, torch.ones_like(seq.logps), total_tokens=batch_tokens)
-        stats.add("nll_per_token", float(loss) * batch_tokens / float(seq.tokens.sum().clamp(min=1)),
+        stats.add("nll_per_token", loss.item() * batch_tokens / float(seq.tokens.sum().clamp(min=1)),
                   float(seq.tokens.sum()))
         return loss
