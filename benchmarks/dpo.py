@@ -40,7 +40,7 @@ def posttrain_contender(store: str, n_pairs: int, batch: int, out_dir: str):
     trainer = OfflineTrainer(cfg)
     trainer.examples = trainer.examples[:n_pairs]
     start = time.perf_counter()
-    trainer._precompute_reference()
+    trainer.precompute_reference()
     reference_seconds = time.perf_counter() - start
     steps = iter(range(0, n_pairs, batch))
 

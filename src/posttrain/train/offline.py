@@ -89,6 +89,7 @@ class OfflineTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
         self.reference: dict[str, torch.Tensor] = {}
+        self._mismatched: list[Trajectory] = []  # KTO: the sequences of its KL estimate
         self.step = 0
 
     # ----------------------------------------------------------------- data
@@ -129,7 +130,7 @@ class OfflineTrainer:
         return [self.examples[i] for i in items]
 
     @torch.no_grad()
-    def _precompute_reference(self) -> None:
+    def precompute_reference(self) -> None:
         """Reference log-probabilities of every sequence, once, before the policy moves."""
         if self.off.method in ("sft", "rft"):
             return
@@ -160,7 +161,7 @@ class OfflineTrainer:
         try:
             before = self.evaluate(logger) if cfg.eval.before_training else None
             t0 = time.time()
-            self._precompute_reference()
+            self.precompute_reference()
             logger.log("train", 0, {"examples": float(len(self.examples)), "reference_seconds": time.time() - t0})
             rng = random.Random(cfg.seed)
             per_epoch = -(-len(self.examples) // off.batch_size)

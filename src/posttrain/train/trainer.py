@@ -335,7 +335,6 @@ class Trainer:
         stats.add("loss", loss_total)
         stats.add("grad_norm", float(grad_norm))
 
-
     def _sft_backward(self) -> float:
         """Backward of sft.weight x the NLL of the next sft.batch_size demonstrations; returns the NLL."""
         n = self.cfg.sft.batch_size
