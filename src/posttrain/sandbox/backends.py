@@ -6,7 +6,9 @@ whole filesystem (``--ro-bind / /``), a private size-limited tmpfs on /tmp, a fr
 shares), its own PID namespace (the host's processes are invisible and unsignalable, and every
 descendant dies with the sandbox), an empty environment (``--clearenv``), a new terminal session,
 and death with its parent. When posttrain runs as root, programs run under a uid of their own
-(set by the server); otherwise bwrap's user namespace maps the caller's uid.
+(set by the server) and root's home is replaced by an empty tmpfs (keys and caches stay unseen;
+only the Python installation is bound back if it lives there); otherwise bwrap's user namespace
+maps the caller's uid.
 """
 
 from __future__ import annotations
@@ -49,10 +51,25 @@ def bwrap_command(tmp_mb: int) -> tuple[list[str], str]:
         "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
         "--chdir", "/tmp",
     ]
-    if os.geteuid() != 0:
+    if os.geteuid() == 0:
+        cmd += _hide_home()
+    else:
         # Without root, a user namespace is how bwrap gets the rights to build the others.
         cmd.append("--unshare-user")
     return cmd + [sys.executable, "-I", str(SERVER), "isolated"], "/tmp"
+
+
+def _hide_home() -> list[str]:
+    """bwrap arguments that hide root's home but keep the interpreter and the server readable."""
+    home = Path.home().resolve()
+    needed = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), SERVER.parent.resolve()}
+    # Bind the top folder under home (e.g. ~/.pyenv) rather than the path itself: bwrap would
+    # create the folders in between with mode 0700, unreadable to the run's uid.
+    keep = sorted({str(home / p.relative_to(home).parts[0]) for p in needed if p.is_relative_to(home) and p != home})
+    args = ["--tmpfs", str(home)]
+    for path in keep:
+        args += ["--ro-bind", path, path]
+    return args
 
 
 def rlimit_command() -> tuple[list[str], str]:
