@@ -72,3 +72,9 @@ register(
     "posttrain.envs.arithmetic:ArithmeticEnv",
     "Arithmetic (word) problems, difficulty 1-5; reward 1 for the exact final number",
 )
+register(
+    "code",
+    "posttrain.envs.code:CodeEnv",
+    "Write a Python function; reward = share of its unit tests passed in the sandbox (source: generated, "
+    "humaneval or a JSONL path; max_attempts > 1 shows failing tests and lets the agent revise)",
+)
