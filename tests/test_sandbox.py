@@ -217,3 +217,17 @@ def test_cli_sandbox_exec_json(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "posttrain.cli", "sandbox", "exec", str(tmp_path / "nope.py")],
                              capture_output=True, text=True, env=env)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr and "nope.py" in missing.stderr
+
+
+def test_workers_started_by_short_lived_threads_survive_them():
+    """bwrap's --die-with-parent is per thread: workers must outlive the thread that needed them."""
+    import threading
+
+    with Sandbox(workers=2) as sb:
+        results = {}
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, sb.run(f"print({i})"))) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [results[i].stdout for i in range(8)] == [f"{i}\n" for i in range(8)]

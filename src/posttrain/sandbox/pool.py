@@ -125,6 +125,9 @@ class Sandbox:
         self._lock = threading.Lock()
         self._started = 0
         self._closed = False
+        # bwrap's --die-with-parent fires when the *thread* that started it ends, so every worker
+        # is started from this one long-lived thread, whichever thread asked for it.
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="sandbox-spawner")
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -133,7 +136,7 @@ class Sandbox:
         self.close()
 
     def _spawn(self, index: int) -> _Worker:
-        worker = _Worker(self.backend, index, self._uids[index], self.tmp_mb)
+        worker = self._spawner.submit(_Worker, self.backend, index, self._uids[index], self.tmp_mb).result()
         worker.index = index
         with self._lock:
             self._all.append(worker)
@@ -181,3 +184,4 @@ class Sandbox:
             workers, self._all = self._all, []
         for w in workers:
             w.close()
+        self._spawner.shutdown()
