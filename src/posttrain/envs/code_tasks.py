@@ -61,53 +61,75 @@ def _word(rng: random.Random) -> tuple:
 
 
 _LETTERS = tuple("abcdeiopstu")
+
+
+def _sentence(rng: random.Random) -> tuple:
+    return (" ".join(_word(rng)[0] for _ in range(rng.randint(1, 5))),)
+
+
+def _digits(n: int) -> list[int]:
+    return [int(d) for d in str(abs(n))]
+
+
+# Functions of one or two steps, chosen so that the default model solves some and fails others
+# (about half, greedy): room to learn. One-step functions it always solves (add k, reverse a
+# string, sum a list) are left out.
 _FAMILIES = [
-    _Family("add_{}", "x", "returns x plus {}", lambda k: lambda x: x + k, _ints(), tuple(range(1, 31))),
-    _Family("subtract_{}", "x", "returns x minus {}", lambda k: lambda x: x - k, _ints(), tuple(range(1, 31))),
-    _Family("multiply_by_{}", "x", "returns x multiplied by {}", lambda k: lambda x: x * k, _ints(), tuple(range(2, 13))),
-    _Family("is_divisible_by_{}", "n", "returns True if n is divisible by {} and False otherwise",
-            lambda k: lambda n: n % k == 0, _ints(0, 60), tuple(range(2, 10))),
-    _Family("power_{}", "x", "returns x raised to the power {}", lambda p: lambda x: x ** p, _ints(-6, 9), (2, 3, 4)),
     _Family("count_{}", "s", "returns how many times the letter '{}' appears in the string s",
             lambda c: lambda s: s.count(c), _word, _LETTERS),
-    _Family("starts_with_{}", "s", "returns True if the string s starts with the letter '{}' and False otherwise",
-            lambda c: lambda s: s.startswith(c), _word, _LETTERS),
-    _Family("repeat_{}_times", "s", "returns the string s repeated {} times", lambda k: lambda s: s * k, _word,
-            (2, 3, 4, 5)),
-    _Family("add_suffix_{}", "s", "returns the string s followed by '{}'", lambda t: lambda s: s + t, _word,
-            ("ing", "ed", "er", "ly", "s", "est", "ness")),
+    _Family("linear_{}_{}", "x", "returns {} times x plus {}", lambda ab: lambda x: ab[0] * x + ab[1], _ints(),
+            tuple((a, b) for a in range(2, 7) for b in range(1, 6))),
+    _Family("add_to_each_{}", "nums", "returns a new list with {} added to every number in nums",
+            lambda k: lambda nums: [n + k for n in nums], _int_list, tuple(range(1, 11))),
+    _Family("count_equal_to_{}", "nums", "returns how many numbers in the list nums are equal to {}",
+            lambda k: lambda nums: nums.count(k), lambda rng: ([rng.randint(0, 9) for _ in range(rng.randint(1, 8))],),
+            tuple(range(0, 10))),
+    _Family("sum_above_{}", "nums", "returns the sum of the numbers in the list nums that are greater than {}",
+            lambda k: lambda nums: sum(n for n in nums if n > k), _int_list, tuple(range(0, 11))),
     _Family("count_greater_than_{}", "nums", "returns how many numbers in the list nums are greater than {}",
             lambda k: lambda nums: sum(n > k for n in nums), _int_list, tuple(range(0, 11))),
-    _Family("scale_list_by_{}", "nums", "returns a new list with every number in nums multiplied by {}",
-            lambda k: lambda nums: [n * k for n in nums], _int_list, tuple(range(2, 11))),
-    _Family("sum_list", "nums", "returns the sum of the numbers in the list nums", lambda _: sum, _int_list),
-    _Family("max_of_list", "nums", "returns the largest number in the list nums", lambda _: max, _int_list),
-    _Family("min_of_list", "nums", "returns the smallest number in the list nums", lambda _: min, _int_list),
-    _Family("max_of_two", "a, b", "returns the larger of the two numbers a and b", lambda _: max,
-            lambda rng: (rng.randint(-20, 50), rng.randint(-20, 50))),
-    _Family("min_of_two", "a, b", "returns the smaller of the two numbers a and b", lambda _: min,
-            lambda rng: (rng.randint(-20, 50), rng.randint(-20, 50))),
-    _Family("reverse_string", "s", "returns the string s reversed", lambda _: lambda s: s[::-1], _word),
-    _Family("string_length", "s", "returns the number of characters in the string s", lambda _: len, _word),
-    _Family("to_upper", "s", "returns the string s in upper case", lambda _: str.upper, _word),
+    _Family("first_{}_chars", "s", "returns the first {} characters of the string s", lambda k: lambda s: s[:k],
+            _word, (2, 3, 4, 5)),
+    _Family("last_{}_chars", "s", "returns the last {} characters of the string s", lambda k: lambda s: s[-k:],
+            _word, (2, 3, 4, 5)),
+    _Family("replace_{}_with_{}", "s", "returns the string s with every letter '{}' replaced by the letter '{}'",
+            lambda cd: lambda s: s.replace(*cd), _word, (("a", "o"), ("e", "i"), ("o", "u"), ("s", "z"), ("t", "d"))),
+    _Family("words_starting_with_{}", "s",
+            "returns how many words in the sentence s (words are separated by spaces) start with the letter '{}'",
+            lambda c: lambda s: sum(w.startswith(c) for w in s.split()), _sentence, _LETTERS),
     _Family("count_vowels", "s", "returns the number of vowels (a, e, i, o, u) in the string s",
             lambda _: lambda s: sum(c in "aeiou" for c in s), _word),
-    _Family("is_even", "n", "returns True if the integer n is even and False otherwise",
-            lambda _: lambda n: n % 2 == 0, _ints()),
-    _Family("absolute_value", "x", "returns the absolute value of the number x", lambda _: abs, _ints()),
-    _Family("first_element", "items", "returns the first element of the list items", lambda _: lambda xs: xs[0],
-            _int_list),
-    _Family("last_element", "items", "returns the last element of the list items", lambda _: lambda xs: xs[-1],
-            _int_list),
-    _Family("filter_even", "nums", "returns a list of the even numbers in nums, in their order",
-            lambda _: lambda nums: [n for n in nums if n % 2 == 0], _int_list),
-    _Family("square_list", "nums", "returns a new list with the square of every number in nums",
-            lambda _: lambda nums: [n * n for n in nums], _int_list),
+    _Family("sum_of_squares", "nums", "returns the sum of the squares of the numbers in the list nums",
+            lambda _: lambda nums: sum(n * n for n in nums), _int_list),
+    _Family("sum_of_even", "nums", "returns the sum of the even numbers in the list nums",
+            lambda _: lambda nums: sum(n for n in nums if n % 2 == 0), _int_list),
+    _Family("product_of_list", "nums", "returns the product of the numbers in the list nums",
+            lambda _: lambda nums: __import__("math").prod(nums), _int_list),
+    _Family("sum_of_digits", "n", "returns the sum of the decimal digits of the non-negative integer n",
+            lambda _: lambda n: sum(_digits(n)), _ints(0, 99999)),
+    _Family("count_words", "s", "returns the number of words in the sentence s (words are separated by spaces)",
+            lambda _: lambda s: len(s.split()), _sentence),
+    _Family("is_palindrome", "s", "returns True if the string s reads the same forwards and backwards",
+            lambda _: lambda s: s == s[::-1], lambda rng: (rng.choice([_word(rng)[0], "abba", "otto", "pop"]),)),
+    _Family("remove_vowels", "s", "returns the string s with all vowels (a, e, i, o, u) removed",
+            lambda _: lambda s: "".join(c for c in s if c not in "aeiou"), _word),
+    _Family("second_largest", "nums", "returns the second largest number in the list nums (it has at least two)",
+            lambda _: lambda nums: sorted(nums)[-2], lambda rng: ([rng.randint(-9, 30) for _ in range(rng.randint(2, 6))],)),
+    _Family("sort_descending", "nums", "returns the numbers of the list nums sorted from largest to smallest",
+            lambda _: lambda nums: sorted(nums, reverse=True), _int_list),
+    _Family("factorial", "n", "returns n factorial (the product of 1, 2, ..., n; 0 factorial is 1)",
+            lambda _: lambda n: __import__("math").factorial(n), _ints(0, 10)),
+    _Family("capitalize_words", "s", "returns the sentence s with the first letter of every word in upper case",
+            lambda _: lambda s: " ".join(w[:1].upper() + w[1:] for w in s.split(" ")), _sentence),
 ]
 
 
+def _fill(template: str, param: Any) -> str:
+    return template.format(*param) if isinstance(param, tuple) else template.format(param)
+
+
 def _generated_task(family: _Family, param: Any, rng: random.Random, num_tests: int) -> Task:
-    name = family.name.format(param) if param is not None else family.name
+    name = _fill(family.name, param)
     fn = family.reference(param)
     cases: list[tuple] = []
     for _ in range(50 * num_tests):
@@ -117,7 +139,7 @@ def _generated_task(family: _Family, param: Any, rng: random.Random, num_tests: 
         if len(cases) == num_tests:
             break
     tests = [f"assert {name}({', '.join(map(repr, args))}) == {fn(*args)!r}" for args in cases]
-    description = family.description.format(param) if param is not None else family.description
+    description = _fill(family.description, param)
     instruction = f"Write a Python function `{name}({family.args})` that {description}."
     return code_task(f"gen-{name}", instruction, name, tests)
 
