@@ -119,8 +119,9 @@ def eval_cmd(
         sys.stdout.write(json.dumps({"checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.id,
                                      **result.metrics()}) + "\n")
     else:
-        Console().print(f"held-out accuracy {result.accuracy:.1%}  mean reward {result.reward_mean:.3f}  "
-                        f"({result.num_tasks} tasks, {result.errors} errors)")
+        passes = "  ".join(f"pass@{k} {v:.1%}" for k, v in result.pass_at.items())
+        Console().print(f"held-out accuracy {result.accuracy:.1%}  {passes}  mean reward {result.reward_mean:.3f}  "
+                        f"({result.num_tasks} tasks, {cfg.eval.samples_per_task} samples each, {result.errors} errors)")
 
 
 @app.command()
