@@ -37,7 +37,7 @@ _UID_BASE = 1_000_000
 class _Worker:
     def __init__(self, backend: Backend, index: int, uid: int | None, tmp_mb: int):
         cmd, self.tmp_root = bwrap_command(tmp_mb) if backend == "bwrap" else rlimit_command()
-        self.uid = uid
+        self.index, self.uid = index, uid
         self._log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                      start_new_session=True)
@@ -137,7 +137,6 @@ class Sandbox:
 
     def _spawn(self, index: int) -> _Worker:
         worker = self._spawner.submit(_Worker, self.backend, index, self._uids[index], self.tmp_mb).result()
-        worker.index = index
         with self._lock:
             self._all.append(worker)
         return worker
