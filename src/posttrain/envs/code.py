@@ -196,13 +196,14 @@ class CodeEnv(TextEnv):
 
     ``source``: "generated" (easy function-writing tasks), "humaneval" (eval split only) or a
     JSONL path. ``max_attempts``: attempts per episode (1: single-turn). ``timeout``: seconds for
-    the whole test program; ``test_timeout``: seconds per test; ``memory_mb``: address-space
+    the whole test program (keep timeout x group size / workers under ``env.step_timeout``, since
+    the programs of one step queue for the pool); ``test_timeout``: seconds per test; ``memory_mb``: address-space
     limit; ``workers``: sandbox pool size (0: one per CPU); ``backend``: "bwrap" or the opt-in
     "rlimit".
     """
 
     def __init__(self, source: str = "generated", max_attempts: int = 1, num_eval: int = 40, seed: int = 0,
-                 timeout: float = 10.0, test_timeout: float = 3.0, memory_mb: int = 512, workers: int = 0,
+                 timeout: float = 6.0, test_timeout: float = 2.0, memory_mb: int = 512, workers: int = 0,
                  backend: str = "bwrap") -> None:
         super().__init__()
         if max_attempts < 1:
