@@ -39,8 +39,8 @@ def evaluate(
     on_progress: Callable[[int], None] | None = None,
 ) -> EvalResult:
     """``cfg.samples_per_task`` episodes per held-out task (greedy unless ``cfg.temperature`` > 0),
-    with the training rollout's turn and context limits; ``num_tasks`` counts tasks."""
-    params = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
+    with the training rollout's stop strings and turn and context limits; ``num_tasks`` counts tasks."""
+    params = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, stop=tuple(rollout.stop))
     trajectories: list[Trajectory] = []
     for start in range(0, len(tasks), cfg.batch_size):
         chunk = tasks[start : start + cfg.batch_size]
