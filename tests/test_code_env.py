@@ -81,14 +81,16 @@ def test_multi_turn_revision_shows_failures_and_records_progress():
     assert not terminated and reward == 0.25 and info["progress"] == 0.25 and info["attempt"] == 1
     assert "passed 1 of 4" in obs and "assert add(1, 2) == 3" in obs and "got 4" in obs
     obs, reward, terminated, _, info = env.step("```python\ndef add(a, b):\n    return a + b if a > 0 else -1\n```")
-    assert not terminated and reward == 0.25 and info["pass_fraction"] == 0.5  # step reward: progress 0.5 - 0.25
+    assert not terminated and reward == 0.25 and info["pass_fraction"] == 0.5  # progress: 0.5 - 0.25
     obs, reward, terminated, _, info = env.step("```python\ndef add(a, b):\n    return a + b\n```")
-    assert terminated and reward == 1.0 and info["correct"] and info["progress"] == 0.5
-    # The last allowed attempt ends the episode with its pass fraction as the reward, solved or not.
+    assert terminated and reward == 0.5 and info["correct"] and info["pass_fraction"] == 1.0
+    # Step rewards sum to the last attempt's pass fraction: the episode's return, solved or not.
     env.reset(options={"task": ADD})
-    for attempt in range(3):
-        obs, reward, terminated, _, info = env.step("```python\ndef add(a, b):\n    return 4\n```")
-    assert terminated and reward == 0.25 and not info["correct"]
+    _, reward, terminated, _, _ = env.step("```python\ndef add(a, b):\n    return a + b\n```")
+    assert terminated and reward == 1.0  # solved at the first attempt
+    env.reset(options={"task": ADD})
+    rewards = [env.step(f"```python\ndef add(a, b):\n    {body}\n```")[1] for body in ("return 4", "return None", "return 4")]
+    assert rewards == [0.25, -0.25, 0.25] and sum(rewards) == 0.25
 
 
 def test_generated_tasks_are_deterministic_disjoint_and_solvable(env):

@@ -79,8 +79,9 @@ def test_ppo_turn_level_uses_step_rewards_then_the_outcome():
     cfg = AlgorithmSection(name="ppo", group_size=2, gae_level="turn", whiten_advantages=False, lam=1.0,
                            kl_in_reward=False)
     mask = torch.tensor([[0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 1.0, 0.0]])
-    adv, ret = token_advantages(cfg, torch.tensor([1.0, 0.0]), mask, values=torch.zeros(2, 4),
-                                step_rewards=[[0.25, 0.0], [0.0]])
+    # Row 0: a step reward of 0.25, then the outcome 1.0; its reward is the return, 1.25.
+    adv, ret = token_advantages(cfg, torch.tensor([1.25, 0.0]), mask, values=torch.zeros(2, 4),
+                                step_rewards=[[0.25, 1.0], [0.0]])
     assert torch.allclose(ret, torch.tensor([[0.0, 1.25, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]]))
     assert torch.equal(adv, ret)
 
@@ -99,3 +100,41 @@ def test_reward_normalisation_modes():
     # Stats now cover {0, 2, 1, 0, 3, 3}: mean 1.5, sample std sqrt(1.9).
     out = shaped_rewards(cfg, rewards, lengths, 16, running)
     assert torch.allclose(out, (rewards - 1.5) / 1.9**0.5, atol=1e-5)
+
+
+def test_turn_returns_discount_later_step_rewards():
+    from posttrain.algorithms.advantages import turn_returns
+
+    returns = turn_returns(torch.tensor([[0.1, 0.0, 1.0], [0.5, 9.0, 9.0]]), torch.tensor([3, 1]), gamma=0.5)
+    # Row 0: G2 = 1, G1 = 0 + 0.5 * 1, G0 = 0.1 + 0.5 * 0.5. Row 1 has one turn: later entries are ignored.
+    assert torch.allclose(returns, torch.tensor([[0.35, 0.5, 1.0], [0.5, 0.0, 0.0]]))
+
+
+def test_turn_advantages_compare_each_turn_with_every_turn_of_its_group():
+    import statistics
+
+    from posttrain.algorithms.advantages import group_relative_advantages, group_relative_turn_advantages
+
+    returns = torch.tensor([[0.35, 0.5, 1.0], [0.5, 0.0, 0.0]])
+    adv = group_relative_turn_advantages(returns, torch.tensor([3, 1]), group_size=2, eps=0.0)
+    valid = [0.35, 0.5, 1.0, 0.5]
+    mean, std = statistics.mean(valid), statistics.stdev(valid)
+    expected = torch.tensor([[(v - mean) / std for v in valid[:3]], [(0.5 - mean) / std, 0.0, 0.0]])
+    assert torch.allclose(adv, expected)
+    # One turn per trajectory: exactly GRPO's advantage.
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.5])
+    single = group_relative_turn_advantages(rewards.unsqueeze(1), torch.ones(4, dtype=torch.long), group_size=2)
+    assert torch.allclose(single.squeeze(1), group_relative_advantages(rewards, group_size=2))
+
+
+def test_turn_credit_gives_each_turn_of_a_trajectory_its_own_advantage():
+    # Row 0: two turns (tokens 1-2, then 4), step rewards 0.5 then outcome; row 1: one turn.
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0, 1.0], [0.0, 1.0, 1.0, 1.0, 0.0]])
+    cfg = AlgorithmSection(name="dr_grpo", group_size=2, credit="turn")
+    rewards = torch.tensor([1.5, 0.0])  # the returns: 0.5 + 1.0, and 0
+    adv, _ = token_advantages(cfg, rewards, mask, step_rewards=[[0.5, 1.0], [0.0]])
+    # Turn returns 1.5 (turn 0), 1.0 (turn 1) and 0 (row 1); group mean 2.5 / 3.
+    m = 2.5 / 3
+    assert torch.allclose(adv, torch.tensor([[0.0, 1.5 - m, 1.5 - m, 0.0, 1.0 - m], [0.0, -m, -m, -m, 0.0]]))
+    with pytest.raises(ValueError, match="credit=turn is for grpo"):
+        AlgorithmSection(name="ppo", credit="turn")

@@ -166,3 +166,46 @@ def test_hanging_env_times_out_and_training_goes_on(tmp_path):
     assert len(train) == 2
     assert sum(r["env_timeouts"] for r in train) >= 2
     assert all(r["errors"] >= r["env_timeouts"] for r in train)
+
+
+def _train_records(run_dir):
+    return [r for r in (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+            if r["split"] == "train"]
+
+
+def test_malformed_tool_calls_are_counted_and_training_completes(tmp_path):
+    # The random model never writes a well-formed call: every turn is malformed and penalised.
+    config = tiny_config(tmp_path, env={"id": "tool_math", "kwargs": {"malformed_penalty": 0.1, "max_tool_calls": 2}},
+                         rollout={"max_turns": 3}, eval={"num_tasks": 2}, algorithm={"beta": 0.0})
+    proc = run_cli("train", config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    train = _train_records(tmp_path / "run")
+    assert len(train) == 2
+    for r in train:
+        assert r["malformed_tool_calls"] >= r["samples"]  # at least one per episode
+        assert r["malformed_tool_calls"] <= r["tool_calls"] and r["errors"] == 0
+        assert -0.2 - 1e-6 <= r["reward_mean"] < 0
+
+
+@pytest.mark.parametrize("env, min_turns", [
+    ({"id": "sql_qa", "kwargs": {"num_eval": 2}}, 2),
+    ({"id": "wordle", "kwargs": {"max_guesses": 2, "progress_reward": 0.2}}, 2),
+    ({"id": "reflexion", "kwargs": {"env": "arithmetic", "max_attempts": 2}}, 2),
+    # Random text is no JSON call: a final answer, one turn.
+    ({"id": "tool_math", "kwargs": {"call_format": "json"}}, 1),
+], ids=["sql_qa", "wordle", "reflexion", "tool_math-json"])
+def test_agent_envs_train_with_per_turn_credit(tmp_path, env, min_turns):
+    config = tiny_config(tmp_path, env=env, rollout={"max_turns": 3, "max_new_tokens": 8}, eval={"num_tasks": 2},
+                         algorithm={"beta": 0.0, "credit": "turn"}, train={"steps": 1})
+    proc = run_cli("train", config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (record,) = _train_records(tmp_path / "run")
+    assert record["turns_mean"] >= min_turns and record["errors"] == 0 and math.isfinite(record["loss"])
+
+
+def test_envs_lists_every_env_with_a_description():
+    proc = run_cli("envs")
+    assert proc.returncode == 0
+    for env_id in ("arithmetic", "tool_math", "sql_qa", "wordle", "reflexion"):
+        line = next(line for line in proc.stdout.splitlines() if f" {env_id} " in line)
+        assert len(line.split("│")[2].strip()) > 20

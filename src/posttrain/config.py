@@ -160,7 +160,12 @@ class AlgorithmSection(_Section):
     gae_level: Literal["token", "turn"] = Field(
         "token", description="PPO: GAE over tokens, or over agent turns (each turn's tokens share its advantage)."
     )
-    gamma: float = Field(1.0, ge=0.0, le=1.0, description="PPO: discount per GAE step (token or turn).")
+    credit: Literal["trajectory", "turn"] = Field(
+        "trajectory", description="Group estimators (grpo, dr_grpo, dapo, gspo) in multi-turn episodes: one "
+        "advantage per trajectory, or per turn from the discounted return (gamma) of its own and later step rewards."
+    )
+    gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount per step: PPO's GAE step (token or turn), or "
+                         "per turn with credit=turn.")
     lam: float = Field(0.95, ge=0.0, le=1.0, description="PPO: GAE lambda (Schulman et al. 2016).")
 
     @model_validator(mode="before")
@@ -177,6 +182,10 @@ class AlgorithmSection(_Section):
                              "the loss")
         if self.name == "gspo" and self.beta > 0:
             raise ValueError("algorithm gspo has no KL term in its loss: set algorithm.beta=0")
+        if self.credit == "turn" and self.name not in ("grpo", "dr_grpo", "dapo", "gspo"):
+            raise ValueError(f"algorithm.credit=turn is for grpo, dr_grpo, dapo and gspo; {self.name} "
+                             + ("assigns credit per turn with gae_level=turn" if self.name == "ppo" else
+                                "assigns credit per trajectory"))
         if self.gae_level == "turn" and self.kl_in_reward and self.beta > 0:
             raise ValueError("algorithm.gae_level=turn puts no per-token KL in the reward: set "
                              "algorithm.kl_in_reward=false to keep the KL in the loss")

@@ -50,7 +50,8 @@ class Trajectory:
     in multi-turn episodes, the template-rendered environment observations between them.
     ``loss_mask[i]`` is 1 exactly when ``completion_ids[i]`` was sampled by the policy, and
     ``behaviour_logprobs[i]`` is the sampler's log-probability of that token (0 where mask is 0).
-    ``reward`` is the final (outcome) reward; ``step_rewards`` the per-turn process signal.
+    ``reward`` is the episode's return, the sum of its ``step_rewards`` (one per agent turn: the
+    process signal, with the outcome in the last).
     ``error`` is set when the episode failed for a reason other than the agent's answer
     (an environment exception, a timeout); such trajectories get zero reward and still count.
     """

@@ -88,3 +88,54 @@ def overlong_penalty(lengths: torch.Tensor, max_length: int, cache_length: int) 
         raise ValueError(f"need 0 < cache_length <= max_length, got {cache_length} and {max_length}")
     penalty = (max_length - cache_length - lengths.float()) / cache_length
     return penalty.clamp(min=-1.0, max=0.0)
+
+
+def turn_returns(turn_rewards: torch.Tensor, num_turns: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """``[B, K]`` discounted return from each turn on: G_k = r_k + gamma * G_{k+1}; 0 past a row's last turn.
+
+    ``turn_rewards[b, k]`` is the reward after turn k of row b (step rewards, the outcome in the
+    last); ``num_turns[b]`` how many turns row b has.
+    """
+    k = turn_rewards.shape[1]
+    valid = torch.arange(k).unsqueeze(0) < num_turns.unsqueeze(1)
+    rewards = turn_rewards.float() * valid
+    returns = torch.zeros_like(rewards)
+    following = torch.zeros(rewards.shape[0])
+    for t in reversed(range(k)):
+        following = rewards[:, t] + gamma * following
+        returns[:, t] = following
+    return returns * valid
+
+
+def group_relative_turn_advantages(
+    returns: torch.Tensor, num_turns: torch.Tensor, group_size: int, scale: bool = True, eps: float = 1e-4
+) -> torch.Tensor:
+    """Per-turn GRPO advantages: each turn's return against the returns of every turn in its group.
+
+    The multi-turn generalisation of :func:`group_relative_advantages`: turn k of a trajectory is
+    credited with what followed it (its return from :func:`turn_returns`) rather than with the
+    whole episode's outcome, and the baseline is the mean (and, with ``scale``, the std) of the
+    returns of all turns of the G samples of the same task. A single-turn group reduces exactly
+    to GRPO's advantage. Turn-level credit for LLM agents in this spirit: Zeng et al. 2025,
+    "Reinforcing Multi-Turn Reasoning in LLM Agents via Turn-Level Credit Assignment"
+    (arXiv:2505.11821).
+
+    Args:
+        returns: ``[B, K]`` with the G samples of a task contiguous.
+        num_turns: ``[B]`` turns per row.
+    Returns:
+        ``[B, K]`` advantages, 0 past each row's last turn.
+    """
+    b, k = returns.shape
+    if b % group_size:
+        raise ValueError(f"returns must have a multiple of group_size={group_size} rows")
+    valid = (torch.arange(k).unsqueeze(0) < num_turns.unsqueeze(1)).float()
+    grouped, weights = returns.float().view(-1, group_size * k), valid.view(-1, group_size * k)
+    count = weights.sum(dim=1, keepdim=True).clamp(min=1)
+    mean = (grouped * weights).sum(dim=1, keepdim=True) / count
+    centred = (grouped - mean) * weights
+    if scale:
+        # Unbiased std over the group's turns, as GRPO's std over its samples.
+        std = ((centred**2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)).sqrt()
+        centred = centred / (std + eps)
+    return centred.view(b, k)

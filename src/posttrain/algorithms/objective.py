@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from posttrain.algorithms.advantages import group_relative_advantages, overlong_penalty, rloo_advantages
+from posttrain.algorithms.advantages import (
+    group_relative_advantages,
+    group_relative_turn_advantages,
+    overlong_penalty,
+    rloo_advantages,
+    turn_returns,
+)
 from posttrain.algorithms.gae import gae, outcome_token_rewards, reinforce_pp_advantages, turn_ids, turn_level_gae
 from posttrain.algorithms.kl import kl_estimate
 from posttrain.algorithms.losses import aggregate, explained_variance, grpo_loss, gspo_loss, value_loss
@@ -59,7 +65,8 @@ def token_advantages(
     returns over the batch, PPO runs GAE against the critic's ``values``, over tokens or, with
     ``cfg.gae_level == "turn"``, over agent turns (``step_rewards[b][k]`` is the environment's
     reward after turn k of row b; the last turn gets the outcome reward instead). Turn-level
-    GAE has no per-token KL in the reward: its KL belongs in the loss.
+    GAE has no per-token KL in the reward: its KL belongs in the loss. With ``cfg.credit ==
+    "turn"`` the group estimators give each turn its own advantage from its discounted return.
     """
     returns = None
     kl_beta = beta if cfg.kl_in_reward else 0.0
@@ -73,6 +80,12 @@ def token_advantages(
         if kl_beta > 0:
             token_rewards = token_rewards - kl_beta * kl_estimate(logprobs, ref_logprobs, cfg.kl_estimator) * mask
         advantages, returns = gae(token_rewards, values, mask, cfg.gamma, cfg.lam)
+    elif cfg.credit == "turn":
+        ids = turn_ids(mask)
+        num_turns = ids.max(dim=1).values + 1
+        returns_k = turn_returns(_turn_rewards(rewards, mask, step_rewards), num_turns, cfg.gamma)
+        per_turn = group_relative_turn_advantages(returns_k, num_turns, cfg.group_size, scale=cfg.scale_rewards)
+        advantages = per_turn.gather(1, ids.clamp(min=0)) * (ids >= 0)
     elif cfg.name == "rloo":
         advantages = rloo_advantages(rewards, cfg.group_size).unsqueeze(-1) * mask.float()
     else:
@@ -86,7 +99,8 @@ def token_advantages(
 
 
 def _turn_rewards(rewards: torch.Tensor, mask: torch.Tensor, step_rewards: list[list[float]] | None) -> torch.Tensor:
-    """``[B, K]``: each turn's step reward, with the (shaped) outcome reward on the last turn."""
+    """``[B, K]``: each turn's step reward; the last turn's is set so that the row sums to its
+    (shaped) reward, which is the return (the sum of step rewards) plus any shaping."""
     turns = (turn_ids(mask).max(dim=1).values + 1).tolist()
     out = torch.zeros(len(turns), max(max(turns), 1))
     for b, k in enumerate(turns):
@@ -94,7 +108,7 @@ def _turn_rewards(rewards: torch.Tensor, mask: torch.Tensor, step_rewards: list[
             continue
         given = (step_rewards[b] if step_rewards else [])[: k - 1]
         out[b, : len(given)] = torch.tensor(given, dtype=torch.float32)
-        out[b, k - 1] = rewards[b]
+        out[b, k - 1] = rewards[b] - sum(given)
     return out
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import gymnasium as gym
-from gymnasium.spaces import Text
+from gymnasium.spaces import Dict, Sequence as SequenceSpace, Text
 
 from posttrain.types import Task
 
@@ -23,6 +23,18 @@ Split = Literal["train", "eval"]
 # against the space, which would crash training on untrusted text).
 CHARSET = string.printable
 MAX_TEXT = 16384
+
+
+def chat_space(max_length: int = MAX_TEXT) -> SequenceSpace:
+    """The space of observations given as chat messages: a tuple of {"role", "content"} dicts."""
+    return SequenceSpace(Dict({
+        "role": Text(max_length=16, min_length=1, charset=string.ascii_lowercase),
+        "content": Text(max_length=max_length, min_length=0, charset=CHARSET),
+    }))
+
+
+def message(role: str, content: str) -> dict[str, str]:
+    return {"role": role, "content": content}
 
 
 class TextEnv(gym.Env):

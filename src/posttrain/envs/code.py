@@ -7,9 +7,10 @@ its own with its own time limit, so a partial solution earns partial credit, as 
 functional-correctness evaluation of Chen et al. (2021).
 
 With ``max_attempts`` > 1 the episode is multi-turn: after a failing attempt the agent sees the
-failing tests and their messages and may revise. The reward of a revision step is the progress it
-made (pass fraction minus the previous attempt's); the last attempt's reward is its pass fraction,
-the episode's outcome. Set ``rollout.max_turns`` to at least ``max_attempts``.
+failing tests and their messages and may revise. Each attempt's step reward is its progress (its
+pass fraction minus the previous attempt's), so the episode's return, the sum of its step
+rewards, is the pass fraction of the last attempt, wherever the episode stops. Set
+``rollout.max_turns`` to ``max_attempts`` to allow every attempt.
 
 Untrusted output never crashes training: anything the program does becomes a failed test.
 """
@@ -246,7 +247,7 @@ class CodeEnv(TextEnv):
         progress, self.last_fraction = report.fraction - self.last_fraction, report.fraction
         info = {**self._info(report), "attempt": self.attempt, "progress": progress}
         if report.fraction == 1.0 or self.attempt >= self.max_attempts:
-            return "", report.fraction, True, False, info
+            return "", progress, True, False, info
         return self._feedback(report), progress, False, False, info
 
     def _feedback(self, report: TestReport) -> str:

@@ -73,6 +73,26 @@ register(
     "Arithmetic (word) problems, difficulty 1-5; reward 1 for the exact final number",
 )
 register(
+    "tool_math",
+    "posttrain.envs.tool_math:ToolMathEnv",
+    "Multi-digit arithmetic solved over several turns with a calculator tool (ReAct or JSON calls)",
+)
+register(
+    "sql_qa",
+    "posttrain.envs.sql_qa:SQLQAEnv",
+    "Questions about a generated SQLite employees database, answered with a read-only SQL tool",
+)
+register(
+    "wordle",
+    "posttrain.envs.wordle:WordleEnv",
+    "Wordle: find a five-letter word in six guesses from G/Y/- letter feedback",
+)
+register(
+    "reflexion",
+    "posttrain.envs.reflexion:ReflexionEnv",
+    "Reflexion wrapper: after a failed attempt the agent reflects, then retries the same task",
+)
+register(
     "code",
     "posttrain.envs.code:CodeEnv",
     "Write a Python function; reward = share of its unit tests passed in the sandbox (source: generated, "

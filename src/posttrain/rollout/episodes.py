@@ -49,14 +49,27 @@ def _messages(observation: Any) -> list[dict[str, Any]]:
     """An observation as chat messages: text becomes a user message; messages pass through."""
     if isinstance(observation, dict):
         return [observation]
-    if isinstance(observation, list):
-        return observation
+    if isinstance(observation, (list, tuple)):
+        return list(observation)
     return [{"role": "user", "content": str(observation)}]
 
 
-def encode_prompt(tokenizer, observation: Any) -> list[int]:
-    """Token ids of the chat-templated conversation, ending with the assistant header."""
-    text = tokenizer.apply_chat_template(_messages(observation), add_generation_prompt=True, tokenize=False)
+def observation_text(observation: Any) -> str:
+    """What the environment said, as plain text (for logs and :class:`Step`)."""
+    if isinstance(observation, (dict, list, tuple)):
+        return "\n".join(str(m.get("content", "")) for m in _messages(observation))
+    return str(observation)
+
+
+def encode_prompt(tokenizer, observation: Any, tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """Token ids of the chat-templated conversation, ending with the assistant header.
+
+    ``tools`` (JSON schemas, from the environment's reset info) go to the template's ``tools=``;
+    templates without tool support ignore them, so tool environments also describe their tools
+    in the conversation itself.
+    """
+    text = tokenizer.apply_chat_template(_messages(observation), tools=tools or None, add_generation_prompt=True,
+                                         tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -150,7 +163,8 @@ def run_episodes(
         try:
             if not ok:
                 raise value
-            ep.traj.prompt_ids = encode_prompt(tokenizer, value[0])
+            observation, info = value
+            ep.traj.prompt_ids = encode_prompt(tokenizer, observation, (info or {}).get("tools"))
         except Exception as e:  # noqa: BLE001 - a failing environment is data, not a crash
             ep.fail("reset", e)
             if isinstance(e, TimeoutError):
@@ -192,12 +206,12 @@ def _after_step(ep: _Episode, gen: Generation, text: str, result: tuple, tokeniz
     traj = ep.traj
     try:
         observation, reward, terminated, truncated, info = result
-        step = Step(text, str(observation), float(reward), bool(terminated), bool(truncated), dict(info))
+        step = Step(text, observation_text(observation), float(reward), bool(terminated), bool(truncated), dict(info))
     except (TypeError, ValueError) as e:
         ep.fail("step", ValueError(f"step() must return (observation, reward, terminated, truncated, info): {e}"))
         return
     traj.steps.append(step)
-    traj.reward = step.reward
+    traj.reward += step.reward  # the episode's return
     if terminated or truncated:
         ep.done = True
         return

@@ -359,4 +359,10 @@ def _rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "truncated_fraction": sum(t.finish_reason == "length" for t in trajectories) / n,
         "errors": float(sum(t.error is not None for t in trajectories)),
         "env_timeouts": float(sum("TimeoutError" in (t.error or "") for t in trajectories)),
+        "turns_mean": sum(len(t.steps) for t in trajectories) / n,
+        # Tool environments mark their turns in the step info (see envs/tool_env.py).
+        "tool_calls": float(sum("tool" in s.info or s.info.get("malformed_call", False) for t in trajectories
+                                for s in t.steps)),
+        "malformed_tool_calls": float(sum(bool(s.info.get("malformed_call")) for t in trajectories for s in t.steps)),
+        "tool_errors": float(sum(bool(s.info.get("tool_error")) for t in trajectories for s in t.steps)),
     }

@@ -1,0 +1,79 @@
+"""Arithmetic too hard to do in one's head, solved with a calculator tool over several turns.
+
+Difficulty levels (``difficulty``):
+    1. a x b, two-digit factors
+    2. a x b + c or a x b - c, with a, b two-digit and c up to 999
+    3. a x b x c, two-digit factors
+
+The agent calls ``calculator`` (ReAct text or JSON function calls) and then gives the final
+answer; reward 1 for the exact number. Train and eval splits are disjoint by expression.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from posttrain.envs.base import Split
+from posttrain.envs.tool_env import ToolEnv
+from posttrain.rewards.verifiable import exact_match_reward, extract_final_number
+from posttrain.rollout.tool_calls import CallFormat, FinalAnswer, ToolCall
+from posttrain.tools import ToolRegistry, calculator
+from posttrain.tools.calculator import evaluate_expression
+from posttrain.types import Task
+
+# Worked examples shown before the question (their numbers never occur in any split: 10 is
+# outside the two-digit range the generator draws from).
+_EXAMPLES = [("What is 10 * 73?", "10 * 73"), ("What is 10 * 58 + 117?", "10 * 58 + 117")]
+
+
+def _expression(rng: random.Random, difficulty: int) -> str:
+    a, b = rng.randint(11, 99), rng.randint(11, 99)
+    if difficulty == 1:
+        return f"{a} * {b}"
+    if difficulty == 2:
+        return f"{a} * {b} {rng.choice('+-')} {rng.randint(100, 999)}"
+    return f"{a} * {b} * {rng.randint(11, 99)}"
+
+
+class ToolMathEnv(ToolEnv):
+    """Multi-turn: call the calculator, read the observation, answer."""
+
+    def __init__(
+        self,
+        difficulty: int = 1,
+        call_format: CallFormat = "react",
+        examples: int = 2,
+        max_tool_calls: int = 3,
+        malformed_penalty: float = 0.0,
+        num_train: int = 2000,
+        num_eval: int = 100,
+        seed: int = 0,
+    ) -> None:
+        if difficulty not in (1, 2, 3):
+            raise ValueError(f"env.kwargs.difficulty must be 1, 2 or 3, got {difficulty!r}")
+        if not 0 <= examples <= len(_EXAMPLES):
+            raise ValueError(f"env.kwargs.examples must be 0-{len(_EXAMPLES)}, got {examples!r}")
+        worked = [(q, [ToolCall("calculator", e), FinalAnswer(str(evaluate_expression(e)))])
+                  for q, e in _EXAMPLES[:examples]]
+        super().__init__(ToolRegistry([calculator]), call_format, max_tool_calls, malformed_penalty, worked)
+        rng = random.Random(f"tool-math-{seed}-{difficulty}")
+        exprs: dict[str, None] = {}
+        for _ in range(20 * (num_train + num_eval)):
+            if len(exprs) == num_train + num_eval:
+                break
+            exprs.setdefault(_expression(rng, difficulty))
+        tasks = [Task(f"toolmath-{difficulty}-{e.replace(' ', '')}", f"What is {e}?", int(evaluate_expression(e)),
+                      {"expression": e}) for e in exprs]
+        self._splits = {"eval": tasks[:num_eval], "train": tasks[num_eval:]}
+
+    def tasks(self, split: Split) -> Sequence[Task]:
+        if split not in self._splits:
+            raise ValueError(f"unknown split {split!r}; expected 'train' or 'eval'")
+        return self._splits[split]
+
+    def score(self, task: Task, action: str) -> tuple[float, dict[str, Any]]:
+        reward = exact_match_reward(action, task.answer)
+        parsed = extract_final_number(action)
+        return reward, {"correct": reward == 1.0, "parsed_answer": None if parsed is None else str(parsed)}
