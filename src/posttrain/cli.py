@@ -126,15 +126,13 @@ def eval_cmd(
 
 @app.command()
 def envs() -> None:
-    """List the registered environments."""
+    """List the registered environments, one line each."""
     from posttrain.envs import registered
 
-    table = Table()
-    table.add_column("id")
-    table.add_column("description")
-    for spec in registered():
-        table.add_row(spec.id, spec.description)
-    Console().print(table)
+    specs = registered()
+    width = max(len(s.id) for s in specs)
+    for spec in specs:
+        sys.stdout.write(f"{spec.id:<{width}}  {spec.description}\n")
 
 
 @app.command("config")
