@@ -17,11 +17,9 @@ Untrusted output never crashes training: anything the program does becomes a fai
 
 from __future__ import annotations
 
-import atexit
 import json
 import re
 import secrets
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -29,7 +27,7 @@ from typing import Any
 
 from posttrain.envs.base import Split, TextEnv
 from posttrain.envs.code_tasks import load_code_tasks
-from posttrain.sandbox import Limits, Sandbox
+from posttrain.sandbox import Limits, Sandbox, shared_sandbox
 from posttrain.types import Task
 
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
@@ -171,20 +169,6 @@ def run_tests(sandbox: Sandbox, solution: str, entry_point: str, tests: Sequence
                 continue
     failures = [(t, m) for t, ok, m in zip(tests, passed, messages) if not ok]
     return TestReport(passed, messages, result.status, failures)
-
-
-_SANDBOXES: dict[tuple[str, int], Sandbox] = {}
-_SANDBOX_LOCK = threading.Lock()
-
-
-def shared_sandbox(backend: str = "bwrap", workers: int = 0) -> Sandbox:
-    """One warm pool per process, shared by every environment instance (one per episode)."""
-    with _SANDBOX_LOCK:
-        key = (backend, workers)
-        if key not in _SANDBOXES:
-            _SANDBOXES[key] = Sandbox(workers or None, backend=backend)
-            atexit.register(_SANDBOXES[key].close)
-        return _SANDBOXES[key]
 
 
 @lru_cache(maxsize=8)

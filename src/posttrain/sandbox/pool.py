@@ -9,6 +9,7 @@ that dies or stops answering is replaced, and its run is reported as ``killed``.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
@@ -184,3 +185,17 @@ class Sandbox:
         for w in workers:
             w.close()
         self._spawner.shutdown()
+
+
+_SANDBOXES: dict[tuple[str, int], Sandbox] = {}
+_SANDBOX_LOCK = threading.Lock()
+
+
+def shared_sandbox(backend: str = "bwrap", workers: int = 0) -> Sandbox:
+    """One warm pool per process, shared by every environment instance (one per episode)."""
+    with _SANDBOX_LOCK:
+        key = (backend, workers)
+        if key not in _SANDBOXES:
+            _SANDBOXES[key] = Sandbox(workers or None, backend=backend)
+            atexit.register(_SANDBOXES[key].close)
+        return _SANDBOXES[key]
