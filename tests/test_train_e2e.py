@@ -90,11 +90,6 @@ def test_training_changes_the_weights(tmp_path):
     assert any(not (before[k] == after[k]).all() for k in before)
 
 
-def test_envs_lists_arithmetic():
-    proc = run_cli("envs")
-    assert proc.returncode == 0 and "arithmetic" in proc.stdout
-
-
 @pytest.mark.parametrize("env_class", ["Capitals", "Exploding"])
 def test_user_env_named_in_config_trains(tmp_path, env_class):
     config = tiny_config(tmp_path, env={"id": f"user_envs:{env_class}", "kwargs": {}}, eval={"num_tasks": 1})
@@ -206,6 +201,6 @@ def test_agent_envs_train_with_per_turn_credit(tmp_path, env, min_turns):
 def test_envs_lists_every_env_with_a_description():
     proc = run_cli("envs")
     assert proc.returncode == 0
-    for env_id in ("arithmetic", "tool_math", "sql_qa", "wordle", "reflexion"):
-        line = next(line for line in proc.stdout.splitlines() if f" {env_id} " in line)
-        assert len(line.split("│")[2].strip()) > 20
+    lines = dict(line.split(None, 1) for line in proc.stdout.splitlines())
+    assert set(lines) >= {"arithmetic", "tool_math", "sql_qa", "wordle", "reflexion"}
+    assert all(len(description) > 20 for description in lines.values())

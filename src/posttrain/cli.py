@@ -1,4 +1,4 @@
-"""Command line: ``posttrain train|eval|collect|dpo|sft|envs``.
+"""Command line: ``posttrain train|eval|collect|dpo|sft|envs|config|sandbox``.
 
 User mistakes (a bad config, a missing file, an unknown environment or model) print one line
 naming what is wrong and exit with code 2, without a traceback.
@@ -37,11 +37,12 @@ def _user_errors():
     from posttrain.data.store import DataError
     from posttrain.envs.registry import EnvError
     from posttrain.models.loading import ModelLoadError
+    from posttrain.sandbox import SandboxUnavailable
 
     _quiet_libraries()
     try:
         yield
-    except (ConfigError, EnvError, ModelLoadError, FileNotFoundError, DataError) as e:
+    except (ConfigError, EnvError, ModelLoadError, SandboxUnavailable, FileNotFoundError, DataError) as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
@@ -119,8 +120,9 @@ def eval_cmd(
         sys.stdout.write(json.dumps({"checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.id,
                                      **result.metrics()}) + "\n")
     else:
-        Console().print(f"held-out accuracy {result.accuracy:.1%}  mean reward {result.reward_mean:.3f}  "
-                        f"({result.num_tasks} tasks, {result.errors} errors)")
+        passes = "  ".join(f"pass@{k} {v:.1%}" for k, v in result.pass_at.items())
+        Console().print(f"held-out accuracy {result.accuracy:.1%}  {passes}  mean reward {result.reward_mean:.3f}  "
+                        f"({result.num_tasks} tasks, {cfg.eval.samples_per_task} samples each, {result.errors} errors)")
 
 
 @app.command()
@@ -207,15 +209,13 @@ def sft(
 
 @app.command()
 def envs() -> None:
-    """List the registered environments."""
+    """List the registered environments, one line each."""
     from posttrain.envs import registered
 
-    table = Table()
-    table.add_column("id")
-    table.add_column("description")
-    for spec in registered():
-        table.add_row(spec.id, spec.description)
-    Console().print(table)
+    specs = registered()
+    width = max(len(s.id) for s in specs)
+    for spec in specs:
+        sys.stdout.write(f"{spec.id:<{width}}  {spec.description}\n")
 
 
 @app.command("config")
@@ -224,6 +224,41 @@ def config_reference() -> None:
     from posttrain.config import reference_markdown
 
     sys.stdout.write(reference_markdown() + "\n")
+
+
+sandbox_app = typer.Typer(no_args_is_help=True, help="Run untrusted Python in the sandbox.")
+app.add_typer(sandbox_app, name="sandbox")
+
+
+@sandbox_app.command("exec")
+def sandbox_exec(
+    file: str = typer.Argument(..., help="Python file to run."),
+    timeout: float = typer.Option(10.0, "--timeout", help="Wall-clock limit in seconds (CPU time too)."),
+    memory: int = typer.Option(512, "--memory", help="Address-space limit in MB."),
+    backend: str = typer.Option("bwrap", "--backend", help="bwrap, or rlimit (isolates much less; warns)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Run FILE.py in the sandbox and print its result; exit 0 only if its status is ok."""
+    with _user_errors():
+        from pathlib import Path
+
+        from posttrain.sandbox import Limits, Sandbox
+
+        path = Path(file)
+        if not path.is_file():
+            raise FileNotFoundError(f"{file}: no such file")
+        if timeout <= 0 or memory <= 0 or backend not in ("bwrap", "rlimit"):
+            raise ConfigError("--timeout and --memory must be positive and --backend bwrap or rlimit")
+        with Sandbox(workers=1, backend=backend) as sandbox:
+            result = sandbox.run(path.read_text(errors="replace"), Limits(timeout=timeout, memory_mb=memory))
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_dict()) + "\n")
+    else:
+        sys.stdout.write(result.stdout)
+        sys.stderr.write(result.stderr)
+        console.print(f"status {result.status}, exit code {result.exit_code}, {result.duration:.3f} s"
+                      + (f" ({result.message})" if result.message else ""), highlight=False)
+    raise typer.Exit(0 if result.ok else 1)
 
 
 def main() -> None:

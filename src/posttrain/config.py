@@ -234,6 +234,23 @@ class EvalSection(_Section):
     temperature: float = Field(0.0, ge=0.0, description="0 means greedy decoding.")
     max_new_tokens: int = Field(64, gt=0, description="Most tokens generated per held-out answer.")
     batch_size: int = Field(64, gt=0, description="Held-out tasks generated per batched call.")
+    samples_per_task: int = Field(
+        1, gt=0, description="n: completions sampled per held-out task; above 1 needs eval.temperature > 0. "
+        "Accuracy and pass@1 are then averages over the samples."
+    )
+    pass_k: int = Field(
+        1, gt=0, description="k of the reported pass@k, with the unbiased estimator of Chen et al. (2021) over "
+        "eval.samples_per_task samples (k <= n); pass@1 is always reported."
+    )
+
+    @model_validator(mode="after")
+    def _samples_for_pass_k(self) -> "EvalSection":
+        if self.pass_k > self.samples_per_task:
+            raise ValueError(f"eval.pass_k ({self.pass_k}) needs at least as many eval.samples_per_task "
+                             f"({self.samples_per_task})")
+        if self.samples_per_task > 1 and self.temperature == 0:
+            raise ValueError("eval.samples_per_task > 1 with greedy decoding repeats one answer: set eval.temperature")
+        return self
 
 
 class StoreSection(_Section):

@@ -92,3 +92,9 @@ register(
     "posttrain.envs.reflexion:ReflexionEnv",
     "Reflexion wrapper: after a failed attempt the agent reflects, then retries the same task",
 )
+register(
+    "code",
+    "posttrain.envs.code:CodeEnv",
+    "Write a Python function; reward = share of its unit tests passed in the sandbox (source: generated, "
+    "humaneval or a JSONL path; max_attempts > 1 shows failing tests and lets the agent revise)",
+)

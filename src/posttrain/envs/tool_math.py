@@ -5,8 +5,10 @@ Difficulty levels (``difficulty``):
     2. a x b + c or a x b - c, with a, b two-digit and c up to 999
     3. a x b x c, two-digit factors
 
-The agent calls ``calculator`` (ReAct text or JSON function calls) and then gives the final
-answer; reward 1 for the exact number. Train and eval splits are disjoint by expression.
+With ``word_problems=True`` the question is a short story (difficulty 1 and 2), so the agent must
+also find the expression to compute. The agent calls ``calculator`` (ReAct text or JSON function
+calls) and then gives the final answer; reward 1 for the exact number. Train and eval splits are
+disjoint by expression.
 """
 
 from __future__ import annotations
@@ -26,6 +28,23 @@ from posttrain.types import Task
 # Worked examples shown before the question (their numbers never occur in any split: 10 is
 # outside the two-digit range the generator draws from).
 _EXAMPLES = [("What is 10 * 73?", "10 * 73"), ("What is 10 * 58 + 117?", "10 * 58 + 117")]
+_WORD_EXAMPLES = [
+    ("A farm has 10 fields with 73 trees in each. How many trees are there?", "10 * 73"),
+    ("A shop gets 10 boxes of 58 cups, and 117 loose cups. How many cups does it get?", "10 * 58 + 117"),
+]
+_STORIES = {
+    "": "A library has {a} shelves with {b} books on each. How many books does it have?",
+    "+": "A school orders {a} packs of {b} pencils, and {c} single pencils. How many pencils does it order?",
+    "-": "A baker makes {a} trays of {b} rolls and sells {c} of them. How many rolls are left?",
+}
+
+
+def _question(expr: str, word_problems: bool) -> str:
+    if not word_problems:
+        return f"What is {expr}?"
+    numbers = expr.split()[::2]
+    op = expr.split()[3] if len(numbers) == 3 else ""
+    return _STORIES[op].format(a=numbers[0], b=numbers[1], c=numbers[2] if op else "")
 
 
 def _expression(rng: random.Random, difficulty: int) -> str:
@@ -33,7 +52,8 @@ def _expression(rng: random.Random, difficulty: int) -> str:
     if difficulty == 1:
         return f"{a} * {b}"
     if difficulty == 2:
-        return f"{a} * {b} {rng.choice('+-')} {rng.randint(100, 999)}"
+        op = rng.choice("+-")
+        return f"{a} * {b} {op} {rng.randint(100, 999 if op == '+' else min(999, a * b - 1))}"  # never negative
     return f"{a} * {b} * {rng.randint(11, 99)}"
 
 
@@ -43,6 +63,7 @@ class ToolMathEnv(ToolEnv):
     def __init__(
         self,
         difficulty: int = 1,
+        word_problems: bool = False,
         call_format: CallFormat = "react",
         examples: int = 2,
         max_tool_calls: int = 3,
@@ -53,10 +74,12 @@ class ToolMathEnv(ToolEnv):
     ) -> None:
         if difficulty not in (1, 2, 3):
             raise ValueError(f"env.kwargs.difficulty must be 1, 2 or 3, got {difficulty!r}")
+        if word_problems and difficulty == 3:
+            raise ValueError("env.kwargs.word_problems is available for difficulty 1 and 2")
         if not 0 <= examples <= len(_EXAMPLES):
             raise ValueError(f"env.kwargs.examples must be 0-{len(_EXAMPLES)}, got {examples!r}")
         worked = [(q, [ToolCall("calculator", e), FinalAnswer(str(evaluate_expression(e)))])
-                  for q, e in _EXAMPLES[:examples]]
+                  for q, e in (_WORD_EXAMPLES if word_problems else _EXAMPLES)[:examples]]
         super().__init__(ToolRegistry([calculator]), call_format, max_tool_calls, malformed_penalty, worked)
         rng = random.Random(f"tool-math-{seed}-{difficulty}")
         exprs: dict[str, None] = {}
@@ -64,8 +87,8 @@ class ToolMathEnv(ToolEnv):
             if len(exprs) == num_train + num_eval:
                 break
             exprs.setdefault(_expression(rng, difficulty))
-        tasks = [Task(f"toolmath-{difficulty}-{e.replace(' ', '')}", f"What is {e}?", int(evaluate_expression(e)),
-                      {"expression": e}) for e in exprs]
+        tasks = [Task(f"toolmath-{difficulty}-{e.replace(' ', '')}", _question(e, word_problems),
+                      int(evaluate_expression(e)), {"expression": e}) for e in exprs]
         self._splits = {"eval": tasks[:num_eval], "train": tasks[num_eval:]}
 
     def tasks(self, split: Split) -> Sequence[Task]:

@@ -1,4 +1,4 @@
-"""Held-out evaluation: success rate and mean reward of the policy on the eval split."""
+"""Held-out evaluation: success rate, pass@k and mean reward of the policy on the eval split."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from posttrain.config import EvalSection, RolloutSection
+from posttrain.eval.pass_at_k import mean_pass_at_k
 from posttrain.rollout.backend import GenerationBackend, SamplingParams
 from posttrain.rollout.episodes import EnvPool, run_episodes
 from posttrain.types import Task, Trajectory
@@ -19,10 +20,12 @@ class EvalResult:
     num_tasks: int
     errors: int
     samples: list[dict[str, Any]] = field(default_factory=list)
+    pass_at: dict[int, float] = field(default_factory=dict)  # k -> pass@k
 
     def metrics(self) -> dict[str, float]:
         return {"accuracy": self.accuracy, "reward_mean": self.reward_mean,
-                "num_tasks": float(self.num_tasks), "errors": float(self.errors)}
+                "num_tasks": float(self.num_tasks), "errors": float(self.errors),
+                **{f"pass@{k}": v for k, v in self.pass_at.items()}}
 
 
 def evaluate(
@@ -35,14 +38,14 @@ def evaluate(
     step_timeout: float = 60.0,
     on_progress: Callable[[int], None] | None = None,
 ) -> EvalResult:
-    """One episode per held-out task (greedy unless ``cfg.temperature`` > 0), with the training
-    rollout's stop strings and turn and context limits."""
+    """``cfg.samples_per_task`` episodes per held-out task (greedy unless ``cfg.temperature`` > 0),
+    with the training rollout's stop strings and turn and context limits; ``num_tasks`` counts tasks."""
     params = SamplingParams(temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, stop=tuple(rollout.stop))
     trajectories: list[Trajectory] = []
     for start in range(0, len(tasks), cfg.batch_size):
         chunk = tasks[start : start + cfg.batch_size]
-        trajectories += run_episodes(envs, backend, tokenizer, chunk, params, 1, rollout.max_turns,
-                                     rollout.max_context_tokens, step_timeout)
+        trajectories += run_episodes(envs, backend, tokenizer, chunk, params, cfg.samples_per_task,
+                                     rollout.max_turns, rollout.max_context_tokens, step_timeout)
         if on_progress:
             on_progress(len(chunk))
     n = max(len(trajectories), 1)
@@ -52,10 +55,14 @@ def evaluate(
          "reward": t.reward, "correct": t.correct, "error": t.error}
         for t in trajectories
     ]
+    # run_episodes groups the samples of a task together.
+    per_task = [trajectories[i : i + cfg.samples_per_task] for i in range(0, len(trajectories), cfg.samples_per_task)]
+    counts = [(len(group), sum(t.correct for t in group)) for group in per_task]
     return EvalResult(
         accuracy=sum(t.correct for t in trajectories) / n,
         reward_mean=sum(t.reward for t in trajectories) / n,
-        num_tasks=len(trajectories),
+        num_tasks=len(per_task),
+        pass_at={k: mean_pass_at_k(counts, k) for k in sorted({1, cfg.pass_k})},
         errors=sum(t.error is not None for t in trajectories),
         samples=samples,
     )
