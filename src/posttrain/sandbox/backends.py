@@ -55,6 +55,7 @@ def bwrap_command(tmp_mb: int) -> tuple[list[str], str]:
         "--dev", "/dev",
         "--proc", "/proc",
         "--size", str(tmp_mb << 20), "--tmpfs", "/tmp",
+        *_keep_readable(Path("/tmp")),
         "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
         "--die-with-parent", "--new-session",
         "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
@@ -71,14 +72,19 @@ def bwrap_command(tmp_mb: int) -> tuple[list[str], str]:
 def _hide_home() -> list[str]:
     """bwrap arguments that hide root's home but keep the interpreter and the server readable."""
     home = Path.home().resolve()
+    return ["--tmpfs", str(home), *_keep_readable(home)]
+
+
+def _keep_readable(covered: Path) -> list[str]:
+    """Read-only binds that bring back, inside a tmpfs mounted on ``covered``, what the server
+    needs from under it: the interpreter, the virtual environment and the server itself (a
+    checkout or venv under /tmp, say)."""
     needed = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), SERVER.parent.resolve()}
-    # Bind the top folder under home (e.g. ~/.pyenv) rather than the path itself: bwrap would
-    # create the folders in between with mode 0700, unreadable to the run's uid.
-    keep = sorted({str(home / p.relative_to(home).parts[0]) for p in needed if p.is_relative_to(home) and p != home})
-    args = ["--tmpfs", str(home)]
-    for path in keep:
-        args += ["--ro-bind", path, path]
-    return args
+    # Bind the top folder under ``covered`` (e.g. ~/.pyenv) rather than the path itself: bwrap
+    # would create the folders in between with mode 0700, unreadable to the run's uid.
+    keep = sorted({str(covered / p.relative_to(covered).parts[0]) for p in needed
+                   if p.is_relative_to(covered) and p != covered})
+    return [arg for path in keep for arg in ("--ro-bind", path, path)]
 
 
 def rlimit_command() -> tuple[list[str], str]:

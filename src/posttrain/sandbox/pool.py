@@ -44,10 +44,10 @@ class _Worker:
                                      start_new_session=True)
         self._buffer = b""
         if self._read_line(time.monotonic() + START_TIMEOUT) != {"ready": True}:
-            self.close()
             self._log.seek(0)
-            raise SandboxUnavailable(f"sandbox worker {index} did not start: "
-                                     f"{self._log.read().decode(errors='replace').strip()[-2000:]}")
+            log = self._log.read().decode(errors="replace").strip()[-2000:]
+            self.close()
+            raise SandboxUnavailable(f"sandbox worker {index} did not start: {log}")
 
     def _read_line(self, deadline: float) -> dict | None:
         """The next JSON line from the server, or None if it died or missed the deadline."""
