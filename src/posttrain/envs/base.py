@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import gymnasium as gym
-from gymnasium.spaces import Dict, Sequence as SequenceSpace, Text
+from gymnasium.spaces import Dict, Text
+from gymnasium.spaces import Sequence as SequenceSpace
 
 from posttrain.types import Task
 

@@ -115,8 +115,9 @@ class ToolEnv(TextEnv):
         self.tool_calls += 1
         out_of_calls = self.tool_calls >= self.max_tool_calls
         if isinstance(parsed, Malformed):
-            info = {"correct": False, "malformed_call": True}
-            return (self._observation(None, f"Error: {parsed.message}"),), -self.malformed_penalty or 0.0, False, out_of_calls, info
+            observation = self._observation(None, f"Error: {parsed.message}")
+            penalty = -self.malformed_penalty if self.malformed_penalty else 0.0
+            return (observation,), penalty, False, out_of_calls, {"correct": False, "malformed_call": True}
         info: dict[str, Any] = {"correct": False, "tool": parsed.name}
         try:
             result = self.tools.call(parsed.name, parsed.arguments)

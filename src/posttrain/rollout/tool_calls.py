@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 CallFormat = Literal["react", "json"]
 
@@ -31,7 +31,7 @@ CallFormat = Literal["react", "json"]
 @dataclass(frozen=True)
 class ToolCall:
     name: str
-    arguments: Union[dict[str, Any], str]
+    arguments: dict[str, Any] | str
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Malformed:
     message: str
 
 
-Parsed = Union[ToolCall, FinalAnswer, Malformed]
+Parsed = ToolCall | FinalAnswer | Malformed
 
 _FINAL = re.compile(r"final answer\s*:\s*(.*)", re.IGNORECASE | re.DOTALL)
 _ACTION = re.compile(r"^[ \t]*action[ \t]*:[ \t]*(.*)$", re.IGNORECASE | re.MULTILINE)
