@@ -50,7 +50,7 @@ def test_chunked_gradient_matches_full(tiny_model):
     tiny_model.zero_grad()
     token_logprobs(tiny_model, ids, mask, chunk_size=5)[0].sum().backward()
     for p, g in zip(params, ref_grads):
-        assert torch.allclose(p.grad, g, atol=1e-5)
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=5e-5)  # fp32 sums in another order
     tiny_model.zero_grad()
 
 
@@ -85,5 +85,5 @@ def test_shared_prompt_forward_equals_full_forward_with_gradients(tiny_model):
     shared.sum().backward()
     assert torch.allclose(shared, full, atol=1e-5) and torch.allclose(shared_ent, full_ent, atol=1e-4)
     for p, g in zip(tiny_model.parameters(), full_grads):
-        assert torch.allclose(p.grad, g, atol=1e-5)
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=5e-5)  # fp32 sums in another order
     tiny_model.zero_grad()

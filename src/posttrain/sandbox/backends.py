@@ -80,11 +80,18 @@ def _keep_readable(covered: Path) -> list[str]:
     needs from under it: the interpreter, the virtual environment and the server itself (a
     checkout or venv under /tmp, say)."""
     needed = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), SERVER.parent.resolve()}
-    # Bind the top folder under ``covered`` (e.g. ~/.pyenv) rather than the path itself: bwrap
-    # would create the folders in between with mode 0700, unreadable to the run's uid.
-    keep = sorted({str(covered / p.relative_to(covered).parts[0]) for p in needed
-                   if p.is_relative_to(covered) and p != covered})
-    return [arg for path in keep for arg in ("--ro-bind", path, path)]
+    args: list[str] = []
+    made: set[Path] = set()
+    for path in sorted(p for p in needed if p.is_relative_to(covered) and p != covered):
+        # The folders in between are created world-readable (on the host they may be private,
+        # e.g. a mktemp -d checkout, and bwrap's default would be 0700): the run's uid must be
+        # able to reach the interpreter.
+        for folder in reversed(path.parents):
+            if folder.is_relative_to(covered) and folder != covered and folder not in made:
+                args += ["--perms", "0755", "--dir", str(folder)]
+                made.add(folder)
+        args += ["--ro-bind", str(path), str(path)]
+    return args
 
 
 def rlimit_command() -> tuple[list[str], str]:

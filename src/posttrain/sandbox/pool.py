@@ -78,7 +78,10 @@ class _Worker:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
         for stream in (self.proc.stdin, self.proc.stdout, self._log):
-            stream.close()
+            try:
+                stream.close()
+            except OSError:  # a request still buffered for a server that died: nothing to deliver
+                pass
 
 
 def _result(reply: dict | None) -> ExecResult:
