@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from posttrain.config import load_config
+from posttrain.data import TrajectoryStore
 from posttrain.train.offline import OfflineTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,6 +94,9 @@ def main() -> None:
     args = parser.parse_args()
     n_pairs = (args.warmup + args.steps) * args.batch
     tmp = tempfile.mkdtemp(prefix="dpo-bench-")
+    if not TrajectoryStore(args.store).files():
+        raise SystemExit(f"no trajectories in {args.store}: collect them first with `posttrain collect "
+                         "examples/arithmetic_dpo.yaml --out runs/arithmetic-offline/trajectories --n 8 --tasks 64`")
 
     ours_pairs, reference_seconds, ours_step = posttrain_contender(args.store, n_pairs, args.batch, f"{tmp}/ours")
     if len(ours_pairs) < n_pairs:
