@@ -15,11 +15,10 @@ wording: an expression in the eval split never appears in training under any phr
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from typing import Any
 
-from posttrain.envs.base import Split, TextEnv
-from posttrain.rewards.verifiable import exact_match_reward, extract_final_number
+from posttrain.envs.base import TextEnv
+from posttrain.rewards.verifiable import exact_number_score
 from posttrain.types import Task
 
 _WORD_TEMPLATES = {
@@ -138,12 +137,5 @@ class ArithmeticEnv(TextEnv):
         return Task(id=f"arith-{self.difficulty}-{expr.replace(' ', '')}", prompt=prompt, answer=answer,
                     metadata={"expression": expr})
 
-    def tasks(self, split: Split) -> Sequence[Task]:
-        if split not in self._splits:
-            raise ValueError(f"unknown split {split!r}; expected 'train' or 'eval'")
-        return self._splits[split]
-
     def score(self, task: Task, action: str) -> tuple[float, dict[str, Any]]:
-        reward = exact_match_reward(action, task.answer)
-        parsed = extract_final_number(action)
-        return reward, {"correct": reward == 1.0, "parsed_answer": None if parsed is None else str(parsed)}
+        return exact_number_score(action, task.answer)

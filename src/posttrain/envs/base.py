@@ -53,8 +53,16 @@ class TextEnv(gym.Env):
         self.task: Task | None = None
 
     def tasks(self, split: Split) -> Sequence[Task]:
-        """Every task of ``split``; the train and eval splits never share a task."""
-        raise NotImplementedError
+        """Every task of ``split``; the train and eval splits never share a task.
+
+        Subclasses either set ``self._splits`` ({"train": [...], "eval": [...]}) or override this.
+        """
+        splits: dict[str, Sequence[Task]] | None = getattr(self, "_splits", None)
+        if splits is None:
+            raise NotImplementedError(f"{type(self).__name__} sets no self._splits and does not override tasks()")
+        if split not in splits:
+            raise ValueError(f"unknown split {split!r}; expected 'train' or 'eval'")
+        return splits[split]
 
     def score(self, task: Task, action: str) -> tuple[float, dict[str, Any]]:
         """Reward and info for a final answer ``action`` to ``task``."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from posttrain.envs.base import Split, TextEnv
+from posttrain.envs.base import TextEnv
 from posttrain.envs.code_tasks import load_code_tasks
 from posttrain.sandbox import Limits, Sandbox, shared_sandbox
 from posttrain.types import Task
@@ -200,11 +200,6 @@ class CodeEnv(TextEnv):
         self.sandbox = shared_sandbox(backend, workers)
         self.attempt = 0
         self.last_fraction = 0.0
-
-    def tasks(self, split: Split) -> Sequence[Task]:
-        if split not in self._splits:
-            raise ValueError(f"unknown split {split!r}; expected 'train' or 'eval'")
-        return self._splits[split]
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         self.attempt, self.last_fraction = 0, 0.0

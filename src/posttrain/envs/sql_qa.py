@@ -12,11 +12,9 @@ import os
 import random
 import sqlite3
 import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from posttrain.envs.base import Split
 from posttrain.envs.tool_env import ToolEnv
 from posttrain.models.loading import cache_dir
 from posttrain.rewards.verifiable import extract_final_number
@@ -115,11 +113,6 @@ class SQLQAEnv(ToolEnv):
 
     def instructions(self) -> str:
         return f"{super().instructions()}\nThe SQLite database has one table: {SCHEMA}"
-
-    def tasks(self, split: Split) -> Sequence[Task]:
-        if split not in self._splits:
-            raise ValueError(f"unknown split {split!r}; expected 'train' or 'eval'")
-        return self._splits[split]
 
     def score(self, task: Task, action: str) -> tuple[float, dict[str, Any]]:
         correct = answers_match(action, task.answer)

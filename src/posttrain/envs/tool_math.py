@@ -14,12 +14,10 @@ disjoint by expression.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from typing import Any
 
-from posttrain.envs.base import Split
 from posttrain.envs.tool_env import ToolEnv
-from posttrain.rewards.verifiable import exact_match_reward, extract_final_number
+from posttrain.rewards.verifiable import exact_number_score
 from posttrain.rollout.tool_calls import CallFormat, FinalAnswer, ToolCall
 from posttrain.tools import ToolRegistry, calculator
 from posttrain.tools.calculator import evaluate_expression
@@ -91,12 +89,5 @@ class ToolMathEnv(ToolEnv):
                       int(evaluate_expression(e)), {"expression": e}) for e in exprs]
         self._splits = {"eval": tasks[:num_eval], "train": tasks[num_eval:]}
 
-    def tasks(self, split: Split) -> Sequence[Task]:
-        if split not in self._splits:
-            raise ValueError(f"unknown split {split!r}; expected 'train' or 'eval'")
-        return self._splits[split]
-
     def score(self, task: Task, action: str) -> tuple[float, dict[str, Any]]:
-        reward = exact_match_reward(action, task.answer)
-        parsed = extract_final_number(action)
-        return reward, {"correct": reward == 1.0, "parsed_answer": None if parsed is None else str(parsed)}
+        return exact_number_score(action, task.answer)

@@ -12,10 +12,9 @@ from __future__ import annotations
 import random
 import re
 from collections import Counter
-from collections.abc import Sequence
 from typing import Any
 
-from posttrain.envs.base import Split, TextEnv
+from posttrain.envs.base import TextEnv
 from posttrain.envs.wordle_words import WORDS
 from posttrain.types import Task
 
@@ -63,11 +62,6 @@ class WordleEnv(TextEnv):
         self._splits = {"eval": tasks[:num_eval], "train": tasks[num_eval:]}
         self.guesses = 0
         self.greens: set[int] = set()
-
-    def tasks(self, split: Split) -> Sequence[Task]:
-        if split not in self._splits:
-            raise ValueError(f"unknown split {split!r}; expected 'train' or 'eval'")
-        return self._splits[split]
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         observation, info = super().reset(seed=seed, options=options)

@@ -45,3 +45,10 @@ def exact_match_reward(text: str, answer: int | float | str | Fraction) -> float
     predicted = extract_final_number(text)
     expected = answer if isinstance(answer, Fraction) else parse_number(str(answer))
     return float(predicted is not None and expected is not None and predicted == expected)
+
+
+def exact_number_score(action: str, answer) -> tuple[float, dict]:
+    """Reward 1 for the exact final number, with ``correct`` and the parsed answer as info."""
+    reward = exact_match_reward(action, answer)
+    parsed = extract_final_number(action)
+    return reward, {"correct": reward == 1.0, "parsed_answer": None if parsed is None else str(parsed)}
