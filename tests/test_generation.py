@@ -64,3 +64,40 @@ def test_top_p_keeps_the_nucleus():
 def test_many_samples_need_temperature(tiny_model, tokenizer):
     with pytest.raises(ValueError, match="temperature"):
         HFBackend(tiny_model, tokenizer).generate(prompt_ids(tokenizer), SamplingParams(temperature=0), num_samples=2)
+
+
+def test_sampler_draws_tokens_in_proportion_to_their_probability():
+    from posttrain.rollout.sampling import sample_next
+
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    logits = torch.log(probs).repeat(40_000, 1)
+    tokens, logps = sample_next(logits, 1.0, 1.0, torch.Generator().manual_seed(0))
+    freq = torch.bincount(tokens, minlength=5).float() / len(tokens)
+    assert torch.allclose(freq, probs, atol=0.01)
+    assert freq[4] == 0, "a token of probability 0 was sampled"
+    assert torch.allclose(logps, torch.log(probs)[tokens])
+    # Top-p removes the tail from the draw, but the log-probability stays the untruncated one.
+    tokens, logps = sample_next(logits, 1.0, 0.7, torch.Generator().manual_seed(0))
+    assert set(tokens.tolist()) == {0, 1}
+    assert torch.allclose(logps, torch.log(probs)[tokens])
+
+
+def test_packed_linears_compute_the_same_logits_and_restore_the_model(tiny_model, tokenizer):
+    from posttrain.models.packed_linear import packed_linears, packing_available
+
+    ids = torch.tensor(prompt_ids(tokenizer)[:1])
+    with torch.no_grad():
+        plain = tiny_model(input_ids=ids).logits
+        with packed_linears(tiny_model, batch_hint=1):
+            packed = tiny_model(input_ids=ids).logits
+    assert torch.allclose(plain, packed, atol=1e-4)
+    linears = [m for m in tiny_model.modules() if type(m) is torch.nn.Linear]
+    assert linears and all("forward" not in vars(m) for m in linears), "a patched forward was left behind"
+    if not packing_available():
+        pytest.skip("this torch build has no oneDNN packed linear")
+    with packed_linears(tiny_model):
+        assert all("forward" in vars(m) for m in linears)
+        # With gradients enabled a packed layer uses its live weight, so training through it works.
+        tiny_model(input_ids=ids).logits.sum().backward()
+    assert all(m.weight.grad is not None for m in linears if m.weight.requires_grad)
+    tiny_model.zero_grad(set_to_none=True)

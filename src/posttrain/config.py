@@ -200,6 +200,10 @@ class RolloutSection(_Section):
         default_factory=list, description="Strings that end a generation (EOS always does)."
     )
     batch_size: int = Field(64, gt=0, description="Most sequences generated in one batched call.")
+    pack_weights: bool = Field(
+        True, description="Generate with linear weights packed for oneDNN (2-3x faster decoding on CPU); "
+        "false uses the plain weights."
+    )
     max_turns: int = Field(1, gt=0, description="Most agent turns per episode (1: single-turn).")
     max_context_tokens: int = Field(
         4096, gt=0, description="An episode whose next turn would not fit in this many tokens ends as truncated."

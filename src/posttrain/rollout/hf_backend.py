@@ -5,15 +5,20 @@ that matter for RL on a CPU:
 - it returns the sampled tokens' log-probabilities without keeping every step's logits;
 - each prompt is prefilled once and its cache copied for its ``num_samples`` samples;
 - rows that finished (EOS or a stop string) leave the batch, so late decode steps only pay for
-  the sequences still running.
+  the sequences still running;
+- the linear layers run on weights packed once per call for oneDNN (see
+  :mod:`posttrain.models.packed_linear`), 2-3x faster than the plain weights at decode shapes.
 """
 
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 import torch
 from transformers import DynamicCache
 
 from posttrain.models.logprobs import cache_kwarg
+from posttrain.models.packed_linear import packed_linears
 from posttrain.rollout.backend import Generation, SamplingParams
 from posttrain.rollout.sampling import sample_next
 
@@ -21,10 +26,11 @@ from posttrain.rollout.sampling import sample_next
 class HFBackend:
     """Generate with ``model`` (shared with the trainer, so it always has the latest weights)."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, seed: int = 0):
+    def __init__(self, model, tokenizer, batch_size: int = 64, seed: int = 0, pack_weights: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.pack_weights = pack_weights
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0])
         self.generator = torch.Generator().manual_seed(seed)
@@ -37,9 +43,11 @@ class HFBackend:
         out: list[Generation] = []
         was_training = self.model.training
         self.model.eval()
+        rows = min(len(prompts), per_call) * num_samples
         try:
-            for start in range(0, len(prompts), per_call):
-                out.extend(self._generate_chunk(prompts[start : start + per_call], params, num_samples))
+            with packed_linears(self.model, rows) if self.pack_weights else nullcontext():
+                for start in range(0, len(prompts), per_call):
+                    out.extend(self._generate_chunk(prompts[start : start + per_call], params, num_samples))
         finally:
             self.model.train(was_training)
         return out

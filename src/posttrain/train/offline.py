@@ -82,7 +82,8 @@ class OfflineTrainer:
         self.eval_tasks = self.envs.tasks("eval")[: cfg.eval.num_tasks]
         self.policy = Policy.load(cfg.model)
         self.examples, self.labels = self._load_examples()
-        self.backend = HFBackend(self.policy.model, self.policy.tokenizer, cfg.eval.batch_size, cfg.seed)
+        self.backend = HFBackend(self.policy.model, self.policy.tokenizer, cfg.eval.batch_size, cfg.seed,
+                                 cfg.rollout.pack_weights)
         self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=self.off.learning_rate,
                                            weight_decay=cfg.train.weight_decay)
         warmup = cfg.train.warmup_steps

@@ -65,7 +65,8 @@ class Trainer:
             raise EnvError(f"env {cfg.env.id!r} has no training tasks (its tasks('train') is empty)")
         algo = cfg.algorithm
         self.policy = Policy.load(cfg.model, need_reference=algo.beta > 0)
-        self.backend = HFBackend(self.policy.model, self.policy.tokenizer, cfg.rollout.batch_size, cfg.seed)
+        self.backend = HFBackend(self.policy.model, self.policy.tokenizer, cfg.rollout.batch_size, cfg.seed,
+                                 cfg.rollout.pack_weights)
         self.critic = Critic(self.policy.model, algo.value_model) if uses_critic(algo) else None
         groups = [{"params": self.policy.trainable_parameters()}]
         if self.critic is not None:

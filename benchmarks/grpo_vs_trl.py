@@ -1,0 +1,210 @@
+"""GRPO steps: posttrain vs TRL's GRPOTrainer on the same configuration, alternating runs.
+
+Both train the default model (SmolLM2-135M-Instruct, fp32, no gradient checkpointing, 2 threads) on
+the arithmetic env (additions of numbers 1-20, reward 1 for the exact answer): 2 prompts x 8
+generations per step, at most 64 completion tokens, temperature 1, learning rate 1e-5, AdamW,
+token-level loss normalisation (TRL's default ``loss_type="dapo"``, posttrain's default
+``loss_aggregation="token"``), rewards scaled by the group's standard deviation, one update per
+batch, reward = posttrain's own arithmetic scorer for both. Each configuration (beta 0 and 0.04,
+full fine-tuning and LoRA r=16 on all linear layers) runs in a fresh process per contender, the
+contenders alternating run by run so load from elsewhere hits both alike; the first step of each
+run is a warm-up and is not timed. Reported per configuration: median seconds per step, completion
+tokens per second, peak resident memory of the process, mean training reward over the run's steps,
+and posttrain's speed-up (TRL s/step / posttrain s/step).
+
+    python benchmarks/grpo_vs_trl.py [--steps 6] [--repeats 2] [--configs full-b0,lora-b0,full-b0.04,lora-b0.04]
+                                     [--out benchmarks/results/grpo_vs_trl.json]
+
+Run it alone: on a 2-core machine any other process distorts the timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "smollm2-135m-instruct"
+PROMPTS_PER_STEP = 2
+GENERATIONS = 8
+MAX_NEW_TOKENS = 64
+LEARNING_RATE = 1e-5
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def parse_config(name: str) -> tuple[bool, float]:
+    """'lora-b0.04' -> (LoRA, beta 0.04)."""
+    kind, _, beta = name.partition("-b")
+    if kind not in ("full", "lora") or not beta:
+        raise SystemExit(f"unknown configuration {name!r}: expected full-b<beta> or lora-b<beta>, e.g. lora-b0.04")
+    return kind == "lora", float(beta)
+
+
+# ----------------------------------------------------------------------------- contenders (run in a child)
+
+
+def run_posttrain(lora: bool, beta: float, steps: int, out_dir: str) -> list[dict]:
+    from posttrain.config import load_config
+    from posttrain.train import Trainer
+
+    cfg = load_config(ROOT / "examples" / "arithmetic_grpo.yaml", [
+        f"model.name={MODEL}", f"model.lora.enabled={str(lora).lower()}", "algorithm.name=grpo",
+        f"algorithm.beta={beta}", f"algorithm.group_size={GENERATIONS}", f"train.tasks_per_step={PROMPTS_PER_STEP}",
+        f"train.microbatch_size={PROMPTS_PER_STEP * GENERATIONS}", f"train.learning_rate={LEARNING_RATE}",
+        f"rollout.max_new_tokens={MAX_NEW_TOKENS}", "rollout.temperature=1.0", f"train.steps={steps}",
+        f"output_dir={out_dir}",
+    ])
+    trainer = Trainer(cfg)
+    records = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        metrics = trainer.train_step()
+        records.append({"seconds": time.perf_counter() - start, "completion_tokens": metrics["completion_tokens"],
+                        "reward": metrics["reward_mean"]})
+    return records
+
+
+def run_trl(lora: bool, beta: float, steps: int, out_dir: str) -> list[dict]:
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from posttrain.envs import make_env
+    from posttrain.models import load_model, load_tokenizer
+
+    env = make_env("arithmetic", {"difficulty": 1, "num_eval": 100})
+    tasks = {t.id: t for t in env.tasks("train")}
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t.prompt}], "task_id": t.id}
+                                 for t in tasks.values()])
+
+    def arithmetic_reward(prompts, completions, task_id, **_) -> list[float]:
+        return [env.score(tasks[i], c[-1]["content"])[0] for c, i in zip(completions, task_id)]
+
+    records: list[dict] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            records.append({"seconds": time.perf_counter() - self.start})
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "reward" in logs and records:
+                records[-1]["reward"] = logs["reward"]
+                records[-1]["completion_tokens"] = logs["completions/mean_length"] * PROMPTS_PER_STEP * GENERATIONS
+
+    args = GRPOConfig(
+        output_dir=out_dir, per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS, num_generations=GENERATIONS,
+        max_completion_length=MAX_NEW_TOKENS, temperature=1.0, learning_rate=LEARNING_RATE, beta=beta,
+        bf16=False, fp16=False, gradient_checkpointing=False, use_cpu=True, max_steps=steps, logging_steps=1,
+        report_to=[], save_strategy="no", seed=0, dataloader_num_workers=0, lr_scheduler_type="constant",
+        max_grad_norm=1.0, weight_decay=0.0,
+    )
+    peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LORA_TARGETS) if lora else None
+    trainer = GRPOTrainer(model=load_model(MODEL), reward_funcs=arithmetic_reward, args=args, train_dataset=dataset,
+                          processing_class=load_tokenizer(MODEL), peft_config=peft_config, callbacks=[StepTimer()])
+    trainer.train()
+    return records
+
+
+def child(contender: str, config: str, steps: int) -> None:
+    torch.set_num_threads(os.cpu_count() or 1)
+    lora, beta = parse_config(config)
+    with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
+        run = run_posttrain if contender == "posttrain" else run_trl
+        records = run(lora, beta, steps, tmp)
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux reports KiB
+    print("RESULT " + json.dumps({"steps": records, "peak_rss_mb": peak_kib / 1024}), flush=True)
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def one_run(contender: str, config: str, steps: int) -> dict:
+    cmd = [sys.executable, __file__, "--child", contender, "--configs", config, "--steps", str(steps)]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise SystemExit(f"{contender} {config} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def summarise(runs: list[dict]) -> dict:
+    timed = [s for r in runs for s in r["steps"][1:]]  # the first step of each run warms up
+    seconds = statistics.median(s["seconds"] for s in timed)
+    tokens = statistics.median(s["completion_tokens"] / s["seconds"] for s in timed)
+    rewards = [s["reward"] for r in runs for s in r["steps"]]
+    return {"median_seconds": seconds, "median_tokens_per_second": tokens,
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "mean_reward": statistics.mean(rewards),
+            "step_seconds": [s["seconds"] for s in timed]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=6, help="steps per run, the first untimed")
+    parser.add_argument("--repeats", type=int, default=2, help="runs per contender and configuration")
+    parser.add_argument("--configs", default="full-b0,lora-b0,full-b0.04,lora-b0.04")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "grpo_vs_trl.json"))
+    parser.add_argument("--child", choices=["posttrain", "trl"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child, args.configs, args.steps)
+    if args.steps < 2:
+        raise SystemExit("--steps must be at least 2: the first step of each run is a warm-up")
+    from rich.console import Console
+    from rich.table import Table
+
+    configs = args.configs.split(",")
+    for c in configs:
+        parse_config(c)
+    runs: dict[str, dict[str, list[dict]]] = {c: {"posttrain": [], "trl": []} for c in configs}
+    load_before = os.getloadavg()[0]
+    for repeat in range(args.repeats):
+        for config in configs:
+            # Alternate which contender goes first, so neither always runs on a cooler machine.
+            order = ["posttrain", "trl"] if repeat % 2 == 0 else ["trl", "posttrain"]
+            for contender in order:
+                runs[config][contender].append(one_run(contender, config, args.steps))
+                print(f"  {config} {contender} run {repeat + 1}: "
+                      f"{statistics.median(s['seconds'] for s in runs[config][contender][-1]['steps'][1:]):.2f} s/step",
+                      flush=True)
+    load_after = os.getloadavg()[0]
+
+    table = Table(title=f"GRPO step: {PROMPTS_PER_STEP} prompts x {GENERATIONS} generations, <= {MAX_NEW_TOKENS} "
+                        f"tokens, SmolLM2-135M fp32, {os.cpu_count()} cores; medians of {args.repeats} x "
+                        f"{args.steps - 1} timed steps; load {load_before:.1f} -> {load_after:.1f}")
+    for col in ("config", "contender", "s/step", "completion tok/s", "peak RSS MB", "mean reward", "speed-up"):
+        table.add_column(col, justify="left" if col in ("config", "contender") else "right")
+    result: dict = {"prompts_per_step": PROMPTS_PER_STEP, "generations": GENERATIONS, "max_new_tokens": MAX_NEW_TOKENS,
+                    "steps_per_run": args.steps, "repeats": args.repeats, "load_average": [load_before, load_after],
+                    "configs": {}}
+    for config in configs:
+        ours, trl = summarise(runs[config]["posttrain"]), summarise(runs[config]["trl"])
+        speedup = trl["median_seconds"] / ours["median_seconds"]
+        result["configs"][config] = {"posttrain": ours, "trl": trl, "speedup": speedup,
+                                     "memory_ratio": ours["peak_rss_mb"] / trl["peak_rss_mb"]}
+        for name, s in (("posttrain", ours), ("TRL GRPOTrainer", trl)):
+            table.add_row(config, name, f"{s['median_seconds']:.2f}", f"{s['median_tokens_per_second']:.0f}",
+                          f"{s['peak_rss_mb']:.0f}", f"{s['mean_reward']:.2f}",
+                          f"{speedup:.2f}x" if name == "posttrain" else "")
+    Console().print(table)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    Console().print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Training FLOP/s of posttrain's policy update vs the measured fp32 matmul peak of this machine.
+
+Peak: the best of several square fp32 matmuls (1024 to 4096) through torch (the same BLAS the model
+uses). Training step: forward + backward of :func:`posttrain.models.logprobs.policy_forward` (the
+path the trainer runs) with full fine-tuning of the default model, for two batch shapes: the GRPO
+shape of ``benchmarks/grpo_vs_trl.py`` (16 rows: 2 prompts x 8 completions of 64 tokens, each group
+sharing its prompt) and 8 rows of 256 tokens. Model FLOPs are counted with
+``torch.utils.flop_counter.FlopCounterMode`` on one forward (matmuls and attention, as executed:
+each shared prompt counted once) and multiplied by 3 for forward + backward (the backward of a
+linear layer is two matmuls of the forward's size); recomputation by activation checkpointing is
+not counted as useful work. MFU = model FLOPs / median step time / peak.
+
+    python benchmarks/mfu.py [--repeats 5] [--out benchmarks/results/mfu.json]
+
+Run it alone: on a 2-core machine any other process distorts the timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from posttrain.models import load_model
+from posttrain.models.logprobs import policy_forward
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "smollm2-135m-instruct"
+
+
+def matmul_peak(sizes: tuple[int, ...] = (1024, 2048, 4096), repeats: int = 8) -> float:
+    """Best FLOP/s of square fp32 matmuls over a few sizes."""
+    best = 0.0
+    for size in sizes:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        a @ b
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ b
+            best = max(best, 2 * size**3 / (time.perf_counter() - start))
+    return best
+
+
+def batch_shape(rows: int, prompt: int, completion: int, groups: int, vocab: int, seed: int = 0):
+    """Right-padded ids where every ``rows // groups`` rows share a prompt, with the loss mask on completions."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, vocab, (groups, prompt), generator=g).repeat_interleave(rows // groups, 0)
+    ids = torch.cat([prompts, torch.randint(0, vocab, (rows, completion), generator=g)], dim=1)
+    mask = torch.ones_like(ids)
+    loss_mask = torch.zeros_like(ids)
+    loss_mask[:, prompt:] = 1
+    plens = torch.full((rows,), prompt) if groups < rows else None
+    return ids, mask, loss_mask, plens
+
+
+def measure(model, shape: tuple, repeats: int) -> dict:
+    ids, mask, loss_mask, plens = shape
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        policy_forward(model, ids, mask, loss_mask, prompt_lengths=plens)
+    flops = 3 * counter.get_total_flops()
+    times = []
+    for i in range(repeats + 1):  # the first step warms up
+        start = time.perf_counter()
+        out = policy_forward(model, ids, mask, loss_mask, prompt_lengths=plens)
+        (out.logprobs * loss_mask).sum().backward()
+        model.zero_grad(set_to_none=True)
+        if i:
+            times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    return {"model_flops": flops, "median_seconds": seconds, "flops_per_second": flops / seconds,
+            "tokens": int(mask.sum()), "all_seconds": times}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mfu.json"))
+    args = parser.parse_args()
+    from rich.console import Console
+    from rich.table import Table
+
+    model = load_model(MODEL).train()
+    vocab = model.config.vocab_size
+    shapes = {
+        "GRPO 2 prompts x 8, 35 + 64 tokens": batch_shape(16, 35, 64, 2, vocab),
+        "8 x 256 tokens": batch_shape(8, 0, 256, 8, vocab),
+    }
+    load_before = os.getloadavg()[0]
+    peak = matmul_peak()
+    results = {name: measure(model, shape, args.repeats) for name, shape in shapes.items()}
+    peak = max(peak, matmul_peak())  # measured before and after: the better of the two
+    load_after = os.getloadavg()[0]
+
+    table = Table(title=f"Training step (forward + backward, full fine-tuning, fp32), SmolLM2-135M, "
+                        f"{torch.get_num_threads()} threads; matmul peak {peak / 1e9:.0f} GFLOP/s; "
+                        f"load {load_before:.1f} -> {load_after:.1f}")
+    for col in ("batch", "tokens", "model GFLOP", "median s", "GFLOP/s", "MFU"):
+        table.add_column(col, justify="left" if col == "batch" else "right")
+    for name, r in results.items():
+        r["mfu"] = r["flops_per_second"] / peak
+        table.add_row(name, str(r["tokens"]), f"{r['model_flops'] / 1e9:.0f}", f"{r['median_seconds']:.2f}",
+                      f"{r['flops_per_second'] / 1e9:.0f}", f"{100 * r['mfu']:.0f}%")
+    Console().print(table)
+    out = {"matmul_peak_flops": peak, "threads": torch.get_num_threads(), "load_average": [load_before, load_after],
+           "shapes": results}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2))
+    Console().print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
