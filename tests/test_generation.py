@@ -101,3 +101,31 @@ def test_packed_linears_compute_the_same_logits_and_restore_the_model(tiny_model
         tiny_model(input_ids=ids).logits.sum().backward()
     assert all(m.weight.grad is not None for m in linears if m.weight.requires_grad)
     tiny_model.zero_grad(set_to_none=True)
+
+
+def test_packed_lora_layers_use_the_merged_weight():
+    from posttrain.config import LoraConfig
+    from posttrain.models import load_model
+    from posttrain.models.lora import apply_lora
+    from posttrain.models.packed_linear import packed_linears, packing_available
+
+    if not packing_available():
+        pytest.skip("this torch build has no oneDNN packed linear")
+    torch.manual_seed(0)
+    model = apply_lora(load_model("tiny-random"), LoraConfig(r=4)).eval()
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # B starts at 0; give the adapters an effect to fold in
+            torch.nn.init.normal_(p, std=0.5)
+    ids = torch.randint(0, 49152, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        adapted = model(input_ids=ids).logits
+        with model.disable_adapter():
+            base = model(input_ids=ids).logits
+        with packed_linears(model, batch_hint=2):
+            packed_adapted = model(input_ids=ids).logits
+            with model.disable_adapter():
+                packed_base = model(input_ids=ids).logits
+        assert not torch.allclose(adapted, base, atol=1e-2)
+        assert torch.allclose(packed_adapted, adapted, atol=1e-4)
+        assert torch.allclose(packed_base, base, atol=1e-4)
+        assert torch.equal(model(input_ids=ids).logits, adapted), "packing changed the model"

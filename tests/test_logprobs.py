@@ -87,3 +87,55 @@ def test_shared_prompt_forward_equals_full_forward_with_gradients(tiny_model):
     for p, g in zip(tiny_model.parameters(), full_grads):
         torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=5e-5)  # fp32 sums in another order
     tiny_model.zero_grad()
+
+
+def test_entropy_gradient_matches_full_logits(tiny_model):
+    """An entropy bonus trains through the chunked head: its gradient equals autograd's on full logits."""
+    from posttrain.models.logprobs import policy_forward
+
+    ids, mask = batch()
+    weights = torch.linspace(-1, 1, ids.numel()).reshape(ids.shape)  # any mix of both terms
+    tiny_model.zero_grad()
+    lp, ent = reference_logprobs(tiny_model, ids, mask)
+    ((lp + ent) * weights).sum().backward()
+    ref_grads = [p.grad.clone() for p in tiny_model.parameters()]
+    tiny_model.zero_grad()
+    out = policy_forward(tiny_model, ids, mask, chunk_size=5, entropy_grad=True)
+    ((out.logprobs + out.entropy) * weights).sum().backward()
+    for p, g in zip(tiny_model.parameters(), ref_grads):
+        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=5e-5)
+    tiny_model.zero_grad()
+    # As a diagnostic the entropy carries no gradient.
+    assert not policy_forward(tiny_model, ids, mask).entropy.requires_grad
+
+
+def test_length_buckets_trade_padding_against_calls():
+    from posttrain.models.logprobs import length_buckets
+
+    lengths = [64, 5, 60, 0, 6, 62]
+    # Free calls: one per distinct length; expensive calls: everything in one; rows of length 0 skipped.
+    assert sorted(map(sorted, length_buckets(lengths, call_cost=0))) == [[0], [1], [2], [4], [5]]
+    assert length_buckets(lengths, call_cost=10_000) == [[0, 5, 2, 4, 1]]
+    # In between, the long rows and the short rows go to separate calls.
+    assert [sorted(b) for b in length_buckets(lengths, call_cost=32)] == [[0, 2, 5], [1, 4]]
+
+
+def test_bucketed_forwards_equal_one_padded_forward(tiny_model, monkeypatch):
+    """With every length in its own trunk call, values and gradients are those of one padded call."""
+    import posttrain.models.logprobs as logprobs
+
+    ids, mask, completion, plens = grouped_batch()
+    results = []
+    for call_cost in (10_000, 0):
+        monkeypatch.setattr(logprobs, "CALL_COST_TOKENS", call_cost)
+        for prompt_lengths in (None, plens):
+            tiny_model.zero_grad()
+            lp, ent = token_logprobs(tiny_model, ids, mask, positions=completion, prompt_lengths=prompt_lengths)
+            lp.sum().backward()
+            results.append((lp, ent, [p.grad.clone() for p in tiny_model.parameters()]))
+    tiny_model.zero_grad()
+    one_call = results[0]
+    for lp, ent, grads in results[1:]:
+        assert torch.allclose(lp, one_call[0], atol=1e-5) and torch.allclose(ent, one_call[1], atol=1e-4)
+        for g, g_ref in zip(grads, one_call[2]):
+            torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=5e-5)

@@ -10,7 +10,7 @@ because compiling costs minutes on a laptop CPU and recompiles as the batch shri
 
 Packing copies every weight (about 0.1 s and one extra copy of the weights for 135M parameters),
 so it is done once per generation call, after the optimiser has moved the weights. Packed layers
-serve no-grad calls only; with gradients enabled a layer falls back to its ordinary weight.
+serve no-grad calls only; with gradients enabled a layer falls back to its ordinary forward.
 """
 
 from __future__ import annotations
@@ -36,25 +36,59 @@ def packing_available() -> bool:
         return False
 
 
-def _packed_forward(packed: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor):
-    if torch.is_grad_enabled() or x.dtype != torch.float32:
-        return F.linear(x, weight, bias)
+def _pack(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), max(1, batch_hint))
+
+
+def _packed_linear(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+
+
+def _plain(module: nn.Module, packed: torch.Tensor, x: torch.Tensor, *args, **kwargs):
+    if torch.is_grad_enabled() or x.dtype != torch.float32:
+        return F.linear(x, module.weight, module.bias)
+    return _packed_linear(packed, module.bias, x)
+
+
+def _lora(module: nn.Module, packed: torch.Tensor, x: torch.Tensor, *args, **kwargs):
+    if torch.is_grad_enabled() or x.dtype != torch.float32 or module.disable_adapters:
+        return type(module).forward(module, x, *args, **kwargs)
+    return _packed_linear(packed, module.base_layer.bias, x)
+
+
+def _mergeable_lora(module: nn.Module) -> bool:
+    """A peft LoRA linear layer whose adapters are a plain low-rank update of an nn.Linear."""
+    from peft.tuners.lora import LoraLayer
+
+    return (isinstance(module, LoraLayer) and type(module.base_layer) is nn.Linear and not module.merged
+            and not any(module.use_dora.get(a, False) for a in module.active_adapters))
+
+
+def _packable(weight: torch.Tensor | None) -> bool:
+    return weight is not None and weight.dtype == torch.float32 and weight.device.type == "cpu"
 
 
 @contextmanager
 def packed_linears(model: nn.Module, batch_hint: int = 16) -> Iterator[None]:
     """Within the block, every fp32 CPU ``nn.Linear`` of ``model`` computes with a packed copy of
-    its current weight (also the base layers inside LoRA wrappers); nothing changes when packing
-    is unavailable. ``batch_hint`` is the expected number of rows per call."""
+    its current weight; a peft LoRA layer computes with one packed copy of its merged weight
+    W + scale * B A (the adapters' update folded in, so decoding pays for one matmul per layer,
+    while the model's own weights stay untouched). Nothing changes when packing is unavailable.
+    ``batch_hint`` is the expected number of rows per call."""
     patched: list[nn.Module] = []
     try:
         if packing_available():
-            for module in model.modules():
-                w = getattr(module, "weight", None)
-                if type(module) is nn.Linear and w.dtype == torch.float32 and w.device.type == "cpu":
-                    packed = torch.ops.mkldnn._reorder_linear_weight(w.detach(), max(1, batch_hint))
-                    module.forward = functools.partial(_packed_forward, packed, w, module.bias)
+            with torch.no_grad():
+                for module in model.modules():
+                    if _mergeable_lora(module) and _packable(module.base_layer.weight):
+                        merged = module.base_layer.weight + sum(module.get_delta_weight(a)
+                                                                for a in module.active_adapters)
+                        forward = functools.partial(_lora, module, _pack(merged, batch_hint))
+                    elif type(module) is nn.Linear and _packable(module.weight):
+                        forward = functools.partial(_plain, module, _pack(module.weight, batch_hint))
+                    else:
+                        continue
+                    module.forward = forward
                     patched.append(module)
         yield
     finally:
