@@ -32,6 +32,7 @@ from posttrain.models import Policy
 from posttrain.rollout import EnvPool, HFBackend
 from posttrain.train.checkpoint import save_checkpoint
 from posttrain.train.metrics import MetricsLogger
+from posttrain.train.optimizer import adamw
 from posttrain.train.trainer import ProgressHook, RunningStats, TrainResult
 from posttrain.types import Batch, Trajectory
 
@@ -84,8 +85,7 @@ class OfflineTrainer:
         self.examples, self.labels = self._load_examples()
         self.backend = HFBackend(self.policy.model, self.policy.tokenizer, cfg.eval.batch_size, cfg.seed,
                                  cfg.rollout.pack_weights)
-        self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=self.off.learning_rate,
-                                           weight_decay=cfg.train.weight_decay)
+        self.optimizer = adamw(self.policy.trainable_parameters(), self.off.learning_rate, cfg.train.weight_decay)
         warmup = cfg.train.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)

@@ -34,6 +34,7 @@ from posttrain.models.value import Critic
 from posttrain.rollout import EnvPool, HFBackend, SamplingParams, run_episodes
 from posttrain.train.checkpoint import save_checkpoint
 from posttrain.train.metrics import MetricsLogger
+from posttrain.train.optimizer import adamw
 from posttrain.types import Batch, Task, Trajectory
 
 ProgressHook = Callable[[str, int, int, dict], None]
@@ -72,7 +73,7 @@ class Trainer:
         if self.critic is not None:
             groups.append({"params": list(self.critic.parameters()),
                            "lr": algo.value_learning_rate or cfg.train.learning_rate})
-        self.optimizer = torch.optim.AdamW(groups, lr=cfg.train.learning_rate, weight_decay=cfg.train.weight_decay)
+        self.optimizer = adamw(groups, cfg.train.learning_rate, cfg.train.weight_decay)
         self.kl_controller = (
             AdaptiveKLController(algo.beta, algo.kl_target, algo.kl_horizon) if algo.kl_target
             else FixedKLController(algo.beta)
