@@ -139,3 +139,20 @@ def test_bucketed_forwards_equal_one_padded_forward(tiny_model, monkeypatch):
         assert torch.allclose(lp, one_call[0], atol=1e-5) and torch.allclose(ent, one_call[1], atol=1e-4)
         for g, g_ref in zip(grads, one_call[2]):
             torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=5e-5)
+
+
+def test_bf16_autocast_trains_with_float32_head_and_gradients(tiny_model):
+    from posttrain.config import ModelSection
+    from posttrain.models import Policy, load_tokenizer
+
+    ids, mask = batch()
+    policy = Policy(tiny_model, load_tokenizer("tiny-random"), ModelSection(name="tiny-random", autocast="bfloat16"))
+    ref_lp, _ = reference_logprobs(tiny_model, ids, mask)
+    tiny_model.zero_grad()
+    out = policy.forward(ids, mask)
+    assert out.logprobs.dtype == torch.float32
+    assert torch.allclose(out.logprobs, ref_lp, atol=0.1)  # bf16 trunk, fp32 head
+    out.logprobs.sum().backward()
+    grads = [p.grad for p in tiny_model.parameters()]
+    assert all(g is not None and g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
+    tiny_model.zero_grad()

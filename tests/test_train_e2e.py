@@ -39,8 +39,9 @@ def tiny_config(tmp_path, **sections):
         # No KL: only rows with non-zero advantage train, so use an env whose rewards vary.
         {"algorithm": {"beta": 0.0}, "model": {"lora": {"enabled": True, "r": 4}},
          "env": {"id": "user_envs:Capitals", "kwargs": {}}, "eval": {"num_tasks": 1}},
+        {"model": {"autocast": "bfloat16"}},
     ],
-    ids=["full-kl-2iters", "lora-nokl"],
+    ids=["full-kl-2iters", "lora-nokl", "bf16-autocast"],
 )
 def test_train_two_steps_writes_checkpoint_metrics_and_events(tmp_path, extra):
     config = tiny_config(tmp_path, **extra)

@@ -43,6 +43,11 @@ class ModelSection(_Section):
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Weight dtype. float32 is faster than bfloat16 on CPUs without AMX."
     )
+    autocast: Literal["none", "bfloat16"] = Field(
+        "none", description="Run training and reference forward passes under torch.autocast in this dtype "
+        "(weights stay in model.dtype; the LM head stays float32). Pays on GPUs and AMX CPUs; slower on CPUs "
+        "without bf16 matmul units."
+    )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter settings.")
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in backward to save memory (slower)."

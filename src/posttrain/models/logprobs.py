@@ -45,7 +45,7 @@ class _HeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, targets, weight, bias, entropy_grad):
-        logits = F.linear(hidden, weight, bias).float()
+        logits = _head_logits(hidden, weight, bias)
         lse = torch.logsumexp(logits, dim=-1)
         log_probs = logits.sub_(lse.unsqueeze(-1))
         entropy = -(log_probs.exp() * log_probs).sum(-1)
@@ -59,18 +59,26 @@ class _HeadLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
         hidden, targets, weight, bias, lse, entropy = ctx.saved_tensors
-        log_probs = F.linear(hidden, weight, bias).float().sub_(lse.unsqueeze(-1))
+        log_probs = _head_logits(hidden, weight, bias).sub_(lse.unsqueeze(-1))
         probs = log_probs.exp()
         grad = probs * -grad_logp.unsqueeze(-1)
         if ctx.entropy_grad and grad_entropy is not None:
             grad -= (log_probs.add_(entropy.unsqueeze(-1))).mul_(probs).mul_(grad_entropy.unsqueeze(-1))
         grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
-        grad = grad.to(hidden.dtype)
         needs = ctx.needs_input_grad
-        grad_hidden = grad @ weight if needs[0] else None
-        grad_weight = grad.T @ hidden if needs[2] else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            grad = grad.to(weight.dtype)
+            grad_hidden = (grad @ weight).to(hidden.dtype) if needs[0] else None
+            grad_weight = grad.T @ hidden.to(weight.dtype) if needs[2] else None
         grad_bias = grad.sum(0) if bias is not None and needs[3] else None
         return grad_hidden, None, grad_weight, grad_bias, None
+
+
+def _head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """float32 logits in the head's own dtype, outside any autocast: log-probabilities over a large
+    vocabulary lose too much in bfloat16."""
+    with torch.autocast(hidden.device.type, enabled=False):
+        return F.linear(hidden.to(weight.dtype), weight, bias).float()
 
 
 # What one more trunk call costs, in padded tokens: its per-layer overheads, forward and backward,

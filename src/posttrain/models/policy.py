@@ -59,16 +59,25 @@ class Policy:
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    def autocast(self):
+        """The ``model.autocast`` context for forward passes (a no-op when it is "none")."""
+        if self.cfg.autocast == "none":
+            return nullcontext()
+        device = next(self.model.parameters()).device.type
+        return torch.autocast(device, dtype=getattr(torch, self.cfg.autocast))
+
     def logprobs(self, input_ids, attention_mask, positions=None, prompt_lengths=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token (logprobs, entropy); see :func:`posttrain.models.logprobs.token_logprobs`."""
-        return token_logprobs(self.model, input_ids, attention_mask, positions, self.cfg.logprob_chunk_size,
-                              prompt_lengths)
+        with self.autocast():
+            return token_logprobs(self.model, input_ids, attention_mask, positions, self.cfg.logprob_chunk_size,
+                                  prompt_lengths)
 
     def forward(self, input_ids, attention_mask, positions=None, prompt_lengths=None, value_head=None,
                 entropy_grad: bool = False) -> TokenOutputs:
         """Logprobs, entropy and, with ``value_head``, values from one forward pass (see policy_forward)."""
-        return policy_forward(self.model, input_ids, attention_mask, positions, self.cfg.logprob_chunk_size,
-                              prompt_lengths, value_head, entropy_grad)
+        with self.autocast():
+            return policy_forward(self.model, input_ids, attention_mask, positions, self.cfg.logprob_chunk_size,
+                                  prompt_lengths, value_head, entropy_grad)
 
     @torch.no_grad()
     def reference_logprobs(self, input_ids, attention_mask, positions=None, prompt_lengths=None) -> torch.Tensor:
@@ -78,7 +87,7 @@ class Policy:
             model, ctx = self._reference, nullcontext()
         else:
             model, ctx = self.model, self.model.disable_adapter()
-        with ctx:
+        with ctx, self.autocast():
             lp, _ = token_logprobs(model, input_ids, attention_mask, positions, self.cfg.logprob_chunk_size,
                                    prompt_lengths)
         return lp

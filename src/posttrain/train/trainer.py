@@ -212,8 +212,11 @@ class Trainer:
             failed = torch.tensor([t.error is not None for t in trajectories])
             batch.loss_mask = batch.loss_mask * (~failed).unsqueeze(-1)
             beta = self.kl_controller.value
+            if algo.num_iterations > 1 or needs_sampling_logprobs(algo, beta):
+                batch.old_logprobs = self._behaviour_logprobs(batch, trajectories)
             if needs_sampling_logprobs(algo, beta):
-                batch.old_logprobs = self._no_grad_logprobs(batch, reference=False)
+                if batch.old_logprobs is None:
+                    batch.old_logprobs = self._no_grad_logprobs(batch, reference=False)
                 batch.ref_logprobs = self._no_grad_logprobs(batch, reference=True)
                 kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, algo.kl_estimator)
                 metrics["kl"] = float((kl * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1))
@@ -272,6 +275,21 @@ class Trainer:
         out["optimizer_steps"] = float(stats.count("grad_norm"))
         out["train_seconds"] = time.time() - t0
         return out
+
+    def _behaviour_logprobs(self, batch: Batch, trajectories: list[Trajectory]) -> torch.Tensor | None:
+        """The sampler's log-probabilities as ``[B, T]``, when they are the policy's own.
+
+        The policy has not changed since it sampled, so when it sampled from its own distribution
+        (temperature 1, no top-p) these equal a fresh forward pass, which is then not needed; with
+        another temperature or top-p they are of another distribution, and this returns None.
+        """
+        if self.sampling.temperature != 1.0 or self.sampling.top_p < 1.0:
+            return None
+        out = torch.zeros_like(batch.loss_mask)
+        for i, t in enumerate(trajectories):
+            start = len(t.prompt_ids)
+            out[i, start : start + len(t.behaviour_logprobs)] = torch.tensor(t.behaviour_logprobs)
+        return out * batch.loss_mask
 
     @torch.no_grad()
     def _no_grad_logprobs(self, batch: Batch, reference: bool) -> torch.Tensor:
