@@ -8,7 +8,8 @@ sharing its prompt) and 8 rows of 256 tokens. Model FLOPs are counted with
 ``torch.utils.flop_counter.FlopCounterMode`` on one forward (matmuls and attention, as executed:
 each shared prompt counted once) and multiplied by 3 for forward + backward (the backward of a
 linear layer is two matmuls of the forward's size); recomputation by activation checkpointing is
-not counted as useful work. MFU = model FLOPs / median step time / peak.
+not counted as useful work. MFU = model FLOPs / median step time / peak. The GRPO shape is also
+timed under bf16 autocast (the ``model.autocast`` option), against the same float32 peak.
 
     python benchmarks/mfu.py [--repeats 5] [--out benchmarks/results/mfu.json]
 
@@ -66,7 +67,7 @@ def batch_shape(rows: int, prompt: int, completion: int, groups: int, vocab: int
     return ids, mask, loss_mask, plens
 
 
-def measure(model, shape: tuple, repeats: int) -> dict:
+def measure(model, shape: tuple, repeats: int, autocast: bool = False) -> dict:
     ids, mask, loss_mask, plens = shape
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         policy_forward(model, ids, mask, loss_mask, prompt_lengths=plens)
@@ -74,7 +75,8 @@ def measure(model, shape: tuple, repeats: int) -> dict:
     times = []
     for i in range(repeats + 1):  # the first step warms up
         start = time.perf_counter()
-        out = policy_forward(model, ids, mask, loss_mask, prompt_lengths=plens)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = policy_forward(model, ids, mask, loss_mask, prompt_lengths=plens)
         (out.logprobs * loss_mask).sum().backward()
         model.zero_grad(set_to_none=True)
         if i:
@@ -101,6 +103,9 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     peak = matmul_peak()
     results = {name: measure(model, shape, args.repeats) for name, shape in shapes.items()}
+    # The model.autocast option, for comparison (its MFU is against the float32 peak).
+    grpo = next(iter(shapes))
+    results[f"{grpo}, bf16 autocast"] = measure(model, shapes[grpo], args.repeats, autocast=True)
     peak = max(peak, matmul_peak())  # measured before and after: the better of the two
     load_after = os.getloadavg()[0]
 

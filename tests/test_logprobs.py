@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from posttrain.models import token_logprobs
@@ -41,7 +42,11 @@ def test_positions_select_only_requested_tokens(tiny_model):
     assert torch.allclose(lp, ref_lp * positions, atol=1e-5)
 
 
-def test_chunked_gradient_matches_full(tiny_model):
+@pytest.mark.parametrize("keep_probs_bytes", [0, 2**40], ids=["recompute-logits", "keep-probs"])
+def test_chunked_gradient_matches_full(tiny_model, monkeypatch, keep_probs_bytes):
+    import posttrain.models.logprobs as logprobs
+
+    monkeypatch.setattr(logprobs, "KEEP_PROBS_BYTES", keep_probs_bytes)
     ids, mask = batch()
     params = [p for p in tiny_model.parameters()]
     tiny_model.zero_grad()

@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from posttrain.config import ModelSection
 from posttrain.models import ModelLoadError, Policy, resolve_model_path
@@ -49,3 +50,27 @@ def test_no_reference_without_kl():
         import torch
 
         policy.reference_logprobs(torch.tensor([[1, 2]]), torch.ones(1, 2, dtype=torch.long))
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_frozen_weights_packed_once_give_the_same_reference_logprobs(lora):
+    from posttrain.models.packed_linear import packing_available
+
+    if not packing_available():
+        pytest.skip("this torch build has no oneDNN packed linear")
+    ids = torch.randint(0, 49152, (2, 10), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    results = []
+    for pack in (False, True):
+        torch.manual_seed(0)
+        policy = Policy.load(ModelSection(name="tiny-random", pack_weights=pack, lora={"enabled": lora, "r": 4}),
+                             need_reference=True)
+        frozen = policy._reference if not lora else policy.model
+        packed = [m for m in frozen.modules() if type(m) is torch.nn.Linear and "forward" in vars(m)]
+        assert bool(packed) == pack and all(not m.weight.requires_grad for m in packed)
+        results.append(policy.reference_logprobs(ids, mask))
+        # Training still differentiates through the packed layers' live weights.
+        lp, _ = policy.logprobs(ids, mask)
+        lp.sum().backward()
+        assert all(p.grad is not None for p in policy.trainable_parameters())
+    torch.testing.assert_close(results[1], results[0], atol=1e-4, rtol=0)

@@ -111,7 +111,7 @@ def eval_cmd(
         envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs))
         tasks = envs.tasks("eval")[: cfg.eval.num_tasks]
         policy = Policy.load(cfg.model, checkpoint=checkpoint)
-        backend = HFBackend(policy.model, policy.tokenizer, cfg.eval.batch_size, cfg.seed, cfg.rollout.pack_weights)
+        backend = HFBackend(policy.model, policy.tokenizer, cfg.eval.batch_size, cfg.seed, cfg.model.pack_weights)
         with _progress() as progress:
             bar = progress.add_task("eval", total=len(tasks), info="")
             result = evaluate(envs, backend, policy.tokenizer, tasks, cfg.eval, cfg.rollout, cfg.env.step_timeout,

@@ -49,7 +49,7 @@ def collect(
     if not tasks:
         raise EnvError(f"env {cfg.env.id!r} has no training tasks to collect on")
     policy = Policy.load(cfg.model, checkpoint=checkpoint)
-    backend = HFBackend(policy.model, policy.tokenizer, cfg.rollout.batch_size, cfg.seed, cfg.rollout.pack_weights)
+    backend = HFBackend(policy.model, policy.tokenizer, cfg.rollout.batch_size, cfg.seed, cfg.model.pack_weights)
     params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_new_tokens=cfg.rollout.max_new_tokens, stop=tuple(cfg.rollout.stop))
     store = TrajectoryStore(out)

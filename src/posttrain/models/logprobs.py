@@ -3,8 +3,9 @@
 With a 49k vocabulary, ``[batch, seq, vocab]`` fp32 logits for 16 x 128 tokens are 400 MB, and
 autograd would keep them (and their softmax) alive until backward. Instead we run the trunk
 once, select only the positions the caller needs (the completion tokens), and push them through
-the LM head ``chunk_size`` rows at a time. Each chunk keeps only its input rows for backward,
-which recomputes that chunk's logits (see :class:`_HeadLogprobs`) rather than storing them.
+the LM head ``chunk_size`` rows at a time. Autograd never holds the logits: a chunk keeps its
+probabilities for backward while they fit in ``KEEP_PROBS_BYTES``, and beyond that only its input
+rows, from which backward recomputes its logits (see :class:`_HeadLogprobs`).
 
 When the caller passes ``prompt_lengths``, rows that share a prompt (the G samples of one GRPO
 group) run that prompt through the trunk once: its KV cache is computed with gradients, copied
@@ -36,21 +37,23 @@ def _activation_checkpointing(model: torch.nn.Module) -> bool:
 class _HeadLogprobs(torch.autograd.Function):
     """log p(target) and the entropy of softmax(hidden @ weight.T + bias), for one chunk of rows.
 
-    Only ``hidden`` and the per-row log-normaliser are kept for backward, which recomputes the
-    logits with one matmul and applies the softmax gradients directly:
-    d log p_t / dz = onehot(t) - p and dH / dz = -p * (log p + H).
-    Activation checkpointing would keep as little, but would also re-run the forward's
-    logsumexp and entropy before differentiating them: four more passes over ``[rows, vocab]``.
+    Backward applies the softmax gradients directly: d log p_t / dz = onehot(t) - p and
+    dH / dz = -p * (log p + H). With ``keep_probs`` the chunk's probabilities are kept for it;
+    otherwise only ``hidden`` and the per-row log-normaliser are, and backward recomputes the
+    logits with one matmul. (Activation checkpointing would keep as little, but would also re-run
+    the forward's logsumexp and entropy before differentiating them.)
     """
 
     @staticmethod
-    def forward(ctx, hidden, targets, weight, bias, entropy_grad):
+    def forward(ctx, hidden, targets, weight, bias, entropy_grad, keep_probs):
         logits = _head_logits(hidden, weight, bias)
         lse = torch.logsumexp(logits, dim=-1)
         log_probs = logits.sub_(lse.unsqueeze(-1))
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        probs = log_probs.exp()
+        entropy = -(probs * log_probs).sum(-1)
         logp = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        ctx.save_for_backward(hidden, targets, weight, bias, lse, entropy)
+        ctx.keep_probs = keep_probs and not entropy_grad
+        ctx.save_for_backward(hidden, targets, weight, bias, lse, entropy, probs if ctx.keep_probs else None)
         ctx.entropy_grad = entropy_grad
         if not entropy_grad:
             ctx.mark_non_differentiable(entropy)
@@ -58,9 +61,10 @@ class _HeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logp, grad_entropy):
-        hidden, targets, weight, bias, lse, entropy = ctx.saved_tensors
-        log_probs = _head_logits(hidden, weight, bias).sub_(lse.unsqueeze(-1))
-        probs = log_probs.exp()
+        hidden, targets, weight, bias, lse, entropy, probs = ctx.saved_tensors
+        if not ctx.keep_probs:
+            log_probs = _head_logits(hidden, weight, bias).sub_(lse.unsqueeze(-1))
+            probs = log_probs.exp()
         grad = probs * -grad_logp.unsqueeze(-1)
         if ctx.entropy_grad and grad_entropy is not None:
             grad -= (log_probs.add_(entropy.unsqueeze(-1))).mul_(probs).mul_(grad_entropy.unsqueeze(-1))
@@ -71,19 +75,25 @@ class _HeadLogprobs(torch.autograd.Function):
             grad_hidden = (grad @ weight).to(hidden.dtype) if needs[0] else None
             grad_weight = grad.T @ hidden.to(weight.dtype) if needs[2] else None
         grad_bias = grad.sum(0) if bias is not None and needs[3] else None
-        return grad_hidden, None, grad_weight, grad_bias, None
+        return grad_hidden, None, grad_weight, grad_bias, None, None
 
 
 def _head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """float32 logits in the head's own dtype, outside any autocast: log-probabilities over a large
-    vocabulary lose too much in bfloat16."""
+    """Logits as float32, the matmul in the head's own dtype even under autocast: log-probabilities
+    over a large vocabulary lose too much when the head runs in bfloat16."""
     with torch.autocast(hidden.device.type, enabled=False):
         return F.linear(hidden.to(weight.dtype), weight, bias).float()
 
 
+# Up to this many bytes of probabilities ([rows, vocab] float32) are kept for the LM head's
+# backward instead of recomputing its logits (one matmul of the head's size per chunk): 512 MB is
+# about 2700 tokens of a 49k vocabulary, a typical CPU batch; longer batches recompute.
+KEEP_PROBS_BYTES = 512 * 2**20
+
 # What one more trunk call costs, in padded tokens: its per-layer overheads, forward and backward,
-# and its smaller matmuls. Measured on SmolLM2-135M on 2 CPU cores at 10-20 tokens; the margin
-# keeps calls few when padding is cheap.
+# and its smaller matmuls. An estimate for SmolLM2-135M on 2 CPU cores (a call's fixed cost of
+# roughly 0.1 s forward and backward against roughly 5 ms per token), rounded up so that calls
+# stay few when padding is cheap.
 CALL_COST_TOKENS = 32
 
 
@@ -235,10 +245,11 @@ def policy_forward(
                                   _activation_checkpointing(model))
     head = model.get_output_embeddings()
     targets = input_ids[want]
+    keep_probs = rows.shape[0] * head.weight.shape[0] * 4 <= KEEP_PROBS_BYTES
     pieces_lp, pieces_ent = [], []
     for start in range(0, rows.shape[0], chunk_size):
         h, y = rows[start : start + chunk_size], targets[start : start + chunk_size]
-        lp, ent = _HeadLogprobs.apply(h, y, head.weight, head.bias, entropy_grad)
+        lp, ent = _HeadLogprobs.apply(h, y, head.weight, head.bias, entropy_grad, keep_probs)
         pieces_lp.append(lp)
         pieces_ent.append(ent)
     values = _scatter(want, [value_head(rows).squeeze(-1)]) if value_head is not None else None

@@ -71,7 +71,7 @@ def _packable(weight: torch.Tensor | None) -> bool:
 @contextmanager
 def packed_linears(model: nn.Module, batch_hint: int = 16) -> Iterator[None]:
     """Within the block, every fp32 CPU ``nn.Linear`` of ``model`` computes with a packed copy of
-    its current weight; a peft LoRA layer computes with one packed copy of its merged weight
+    its current weight (unless :func:`pack_frozen_linears` packed it already); a peft LoRA layer computes with one packed copy of its merged weight
     W + scale * B A (the adapters' update folded in, so decoding pays for one matmul per layer,
     while the model's own weights stay untouched). Nothing changes when packing is unavailable.
     ``batch_hint`` is the expected number of rows per call."""
@@ -84,7 +84,7 @@ def packed_linears(model: nn.Module, batch_hint: int = 16) -> Iterator[None]:
                         merged = module.base_layer.weight + sum(module.get_delta_weight(a)
                                                                 for a in module.active_adapters)
                         forward = functools.partial(_lora, module, _pack(merged, batch_hint))
-                    elif type(module) is nn.Linear and _packable(module.weight):
+                    elif type(module) is nn.Linear and _packable(module.weight) and "forward" not in vars(module):
                         forward = functools.partial(_plain, module, _pack(module.weight, batch_hint))
                     else:
                         continue
@@ -94,3 +94,17 @@ def packed_linears(model: nn.Module, batch_hint: int = 16) -> Iterator[None]:
     finally:
         for module in patched:
             del module.forward  # the instance attribute; the class's forward is back
+
+
+def pack_frozen_linears(model: nn.Module, batch_hint: int = 256) -> None:
+    """Give every frozen fp32 CPU ``nn.Linear`` of ``model`` a packed copy of its weight for good,
+    for its no-grad calls: for weights that never change (a frozen reference model, the base
+    layers under LoRA adapters), so that reference passes run on packed weights without packing
+    them again each time. Costs one more copy of those weights in memory."""
+    if not packing_available():
+        return
+    with torch.no_grad():
+        for module in model.modules():
+            if (type(module) is nn.Linear and _packable(module.weight) and not module.weight.requires_grad
+                    and "forward" not in vars(module)):
+                module.forward = functools.partial(_plain, module, _pack(module.weight, batch_hint))

@@ -13,6 +13,7 @@ from posttrain.config import ModelSection
 from posttrain.models.loading import load_model, load_tokenizer
 from posttrain.models.logprobs import TokenOutputs, policy_forward, token_logprobs
 from posttrain.models.lora import apply_lora
+from posttrain.models.packed_linear import pack_frozen_linears
 
 
 class Policy:
@@ -30,6 +31,10 @@ class Policy:
         if need_reference and not isinstance(model, PeftModel):
             self._reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.has_reference = need_reference
+        if cfg.pack_weights:  # frozen weights (reference, LoRA base layers) are packed once, here
+            for frozen in (self._reference, model if isinstance(model, PeftModel) else None):
+                if frozen is not None:
+                    pack_frozen_linears(frozen)
 
     @classmethod
     def load(cls, cfg: ModelSection, need_reference: bool = False, checkpoint: str | Path | None = None) -> "Policy":

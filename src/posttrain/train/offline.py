@@ -84,7 +84,7 @@ class OfflineTrainer:
         self.policy = Policy.load(cfg.model)
         self.examples, self.labels = self._load_examples()
         self.backend = HFBackend(self.policy.model, self.policy.tokenizer, cfg.eval.batch_size, cfg.seed,
-                                 cfg.rollout.pack_weights)
+                                 cfg.model.pack_weights)
         self.optimizer = adamw(self.policy.trainable_parameters(), self.off.learning_rate, cfg.train.weight_decay)
         warmup = cfg.train.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(

@@ -67,7 +67,7 @@ class Trainer:
         algo = cfg.algorithm
         self.policy = Policy.load(cfg.model, need_reference=algo.beta > 0)
         self.backend = HFBackend(self.policy.model, self.policy.tokenizer, cfg.rollout.batch_size, cfg.seed,
-                                 cfg.rollout.pack_weights)
+                                 cfg.model.pack_weights)
         self.critic = Critic(self.policy.model, algo.value_model) if uses_critic(algo) else None
         groups = [{"params": self.policy.trainable_parameters()}]
         if self.critic is not None:
