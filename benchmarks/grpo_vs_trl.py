@@ -6,7 +6,8 @@ generations per step, at most 64 completion tokens, temperature 1, learning rate
 token-level loss normalisation (TRL's default ``loss_type="dapo"``, posttrain's default
 ``loss_aggregation="token"``), rewards scaled by the group's standard deviation, one update per
 batch, reward = posttrain's own arithmetic scorer for both. Each configuration (beta 0 and 0.04,
-full fine-tuning and LoRA r=16 on all linear layers) runs in a fresh process per contender, the
+full fine-tuning and LoRA r=16 on all linear layers; optionally ``-bf16``: bf16 autocast, which is
+posttrain's ``model.autocast=bfloat16`` and TRL's ``bf16=True``) runs in a fresh process per contender, the
 contenders alternating run by run so load from elsewhere hits both alike; the first step of each
 run is a warm-up and is not timed. Reported per configuration: median seconds per step, completion
 tokens per second, peak resident memory of the process, mean training reward over all steps and
@@ -42,23 +43,29 @@ LEARNING_RATE = 1e-5
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def parse_config(name: str) -> tuple[bool, float]:
-    """'lora-b0.04' -> (LoRA, beta 0.04)."""
-    kind, _, beta = name.partition("-b")
-    if kind not in ("full", "lora") or not beta:
-        raise SystemExit(f"unknown configuration {name!r}: expected full-b<beta> or lora-b<beta>, e.g. lora-b0.04")
-    return kind == "lora", float(beta)
+def parse_config(name: str) -> tuple[bool, float, bool]:
+    """'lora-b0.04' -> (LoRA, beta 0.04, float32); 'full-b0-bf16' -> (full, beta 0, bf16 autocast)."""
+    base, bf16 = (name[: -len("-bf16")], True) if name.endswith("-bf16") else (name, False)
+    kind, _, beta = base.partition("-b")
+    try:
+        if kind in ("full", "lora") and beta:
+            return kind == "lora", float(beta), bf16
+    except ValueError:
+        pass
+    raise SystemExit(f"unknown configuration {name!r}: expected full-b<beta> or lora-b<beta>, optionally with -bf16 "
+                     "(e.g. lora-b0.04, full-b0-bf16)")
 
 
 # ----------------------------------------------------------------------------- contenders (run in a child)
 
 
-def run_posttrain(lora: bool, beta: float, steps: int, out_dir: str) -> list[dict]:
+def run_posttrain(lora: bool, beta: float, bf16: bool, steps: int, out_dir: str) -> list[dict]:
     from posttrain.config import load_config
     from posttrain.train import Trainer
 
     cfg = load_config(ROOT / "examples" / "arithmetic_grpo.yaml", [
         f"model.name={MODEL}", f"model.lora.enabled={str(lora).lower()}", "algorithm.name=grpo",
+        f"model.autocast={'bfloat16' if bf16 else 'none'}",
         f"algorithm.beta={beta}", f"algorithm.group_size={GENERATIONS}", f"train.tasks_per_step={PROMPTS_PER_STEP}",
         f"train.microbatch_size={PROMPTS_PER_STEP * GENERATIONS}", f"train.learning_rate={LEARNING_RATE}",
         f"rollout.max_new_tokens={MAX_NEW_TOKENS}", "rollout.temperature=1.0", f"train.steps={steps}",
@@ -74,7 +81,7 @@ def run_posttrain(lora: bool, beta: float, steps: int, out_dir: str) -> list[dic
     return records
 
 
-def run_trl(lora: bool, beta: float, steps: int, out_dir: str) -> list[dict]:
+def run_trl(lora: bool, beta: float, bf16: bool, steps: int, out_dir: str) -> list[dict]:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
@@ -108,7 +115,7 @@ def run_trl(lora: bool, beta: float, steps: int, out_dir: str) -> list[dict]:
     args = GRPOConfig(
         output_dir=out_dir, per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS, num_generations=GENERATIONS,
         max_completion_length=MAX_NEW_TOKENS, temperature=1.0, learning_rate=LEARNING_RATE, beta=beta,
-        bf16=False, fp16=False, gradient_checkpointing=False, use_cpu=True, max_steps=steps, logging_steps=1,
+        bf16=bf16, fp16=False, gradient_checkpointing=False, use_cpu=True, max_steps=steps, logging_steps=1,
         report_to=[], save_strategy="no", seed=0, dataloader_num_workers=0, lr_scheduler_type="constant",
         max_grad_norm=1.0, weight_decay=0.0,
     )
@@ -121,10 +128,10 @@ def run_trl(lora: bool, beta: float, steps: int, out_dir: str) -> list[dict]:
 
 def child(contender: str, config: str, steps: int) -> None:
     torch.set_num_threads(os.cpu_count() or 1)
-    lora, beta = parse_config(config)
+    lora, beta, bf16 = parse_config(config)
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
         run = run_posttrain if contender == "posttrain" else run_trl
-        records = run(lora, beta, steps, tmp)
+        records = run(lora, beta, bf16, steps, tmp)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux reports KiB
     print("RESULT " + json.dumps({"steps": records, "peak_rss_mb": peak_kib / 1024}), flush=True)
 
