@@ -71,10 +71,10 @@ def _packable(weight: torch.Tensor | None) -> bool:
 @contextmanager
 def packed_linears(model: nn.Module, batch_hint: int = 16) -> Iterator[None]:
     """Within the block, every fp32 CPU ``nn.Linear`` of ``model`` computes with a packed copy of
-    its current weight (unless :func:`pack_frozen_linears` packed it already); a peft LoRA layer computes with one packed copy of its merged weight
-    W + scale * B A (the adapters' update folded in, so decoding pays for one matmul per layer,
-    while the model's own weights stay untouched). Nothing changes when packing is unavailable.
-    ``batch_hint`` is the expected number of rows per call."""
+    its current weight (unless :func:`pack_frozen_linears` packed it already), and a peft LoRA
+    layer with one packed copy of its merged weight W + scale * B A (the adapters' update folded
+    in, so decoding pays for one matmul per layer; the model's own weights stay untouched).
+    Nothing changes when packing is unavailable. ``batch_hint`` is the expected rows per call."""
     patched: list[nn.Module] = []
     try:
         if packing_available():
