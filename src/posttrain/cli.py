@@ -66,23 +66,33 @@ def train(
         from posttrain.train import Trainer
 
         with _progress() as progress:
-            bars: dict[str, int] = {}
-
-            def hook(phase: str, done: int, total: int, info: dict) -> None:
-                if phase not in bars:
-                    bars[phase] = progress.add_task(phase, total=total, info="")
-                if phase == "eval" and done <= total and progress.tasks[bars[phase]].completed >= total:
-                    progress.reset(bars[phase], total=total)
-                text = ""
-                if phase == "train" and info:
-                    text = f"reward {info['reward_mean']:.2f}  {info['step_seconds']:.1f}s/step"
-                progress.update(bars[phase], completed=done, info=text)
-                if phase == "eval" and info:
-                    progress.console.print(f"step {info['step']}: held-out accuracy {info['accuracy']:.1%}, "
-                                           f"mean reward {info['reward_mean']:.3f}")
-
+            hook = _progress_hook(progress, lambda info: f"reward {info['reward_mean']:.2f}  "
+                                                         f"{info['step_seconds']:.1f}s/step")
             result = Trainer(cfg, progress=hook).train()
-    table = Table(title=f"posttrain: {cfg.model.name} on {cfg.env.id}, {result.steps} steps in {result.seconds / 60:.1f} min")
+    _print_result(f"posttrain: {cfg.model.name} on {cfg.env.id}", result)
+
+
+def _progress_hook(progress, train_text):
+    """A trainer progress hook drawing one bar per phase; ``train_text(info)`` labels train steps."""
+    bars: dict[str, int] = {}
+
+    def hook(phase: str, done: int, total: int, info: dict) -> None:
+        if phase not in bars:
+            bars[phase] = progress.add_task(phase, total=total, info="")
+        if phase == "eval" and done <= total and progress.tasks[bars[phase]].completed >= total:
+            progress.reset(bars[phase], total=total)
+        text = train_text(info) if phase == "train" and info else ""
+        progress.update(bars[phase], completed=done, info=text)
+        if phase == "eval" and info:
+            progress.console.print(f"step {info['step']}: held-out accuracy {info['accuracy']:.1%}, "
+                                   f"mean reward {info['reward_mean']:.3f}")
+
+    return hook
+
+
+def _print_result(title: str, result) -> None:
+    """Held-out accuracy before and after a training run, and where the run lives."""
+    table = Table(title=f"{title}, {result.steps} steps in {result.seconds / 60:.1f} min")
     table.add_column("held-out")
     table.add_column("accuracy", justify="right")
     table.add_column("mean reward", justify="right")
@@ -161,32 +171,11 @@ def _offline(config: str, overrides: list[str], methods: tuple[str, ...], comman
         from posttrain.train.offline import OfflineTrainer
 
         with _progress() as progress:
-            bars: dict[str, int] = {}
-
-            def hook(phase: str, done: int, total: int, info: dict) -> None:
-                if phase not in bars:
-                    bars[phase] = progress.add_task(phase, total=total, info="")
-                if phase == "eval" and done <= total and progress.tasks[bars[phase]].completed >= total:
-                    progress.reset(bars[phase], total=total)
-                text = f"loss {info['loss']:.3f}  {info['step_seconds']:.1f}s/step" if phase == "train" else ""
-                progress.update(bars[phase], completed=done, info=text)
-                if phase == "eval" and info:
-                    progress.console.print(f"step {info['step']}: held-out accuracy {info['accuracy']:.1%}, "
-                                           f"mean reward {info['reward_mean']:.3f}")
-
+            hook = _progress_hook(progress, lambda info: f"loss {info['loss']:.3f}  {info['step_seconds']:.1f}s/step")
             trainer = OfflineTrainer(cfg, progress=hook)
             progress.console.print(f"{cfg.offline.method}: {len(trainer.examples)} training examples")
             result = trainer.train()
-    table = Table(title=f"posttrain {command} ({cfg.offline.method}): {cfg.model.name} on {cfg.env.id}, "
-                        f"{result.steps} steps in {result.seconds / 60:.1f} min")
-    table.add_column("held-out")
-    table.add_column("accuracy", justify="right")
-    table.add_column("mean reward", justify="right")
-    for name, r in (("before", result.before), ("after", result.after)):
-        if r is not None:
-            table.add_row(name, f"{r.accuracy:.1%}", f"{r.reward_mean:.3f}")
-    Console().print(table)
-    Console().print(f"run directory: {result.run_dir}")
+    _print_result(f"posttrain {command} ({cfg.offline.method}): {cfg.model.name} on {cfg.env.id}", result)
 
 
 @app.command()

@@ -27,13 +27,13 @@ from posttrain.data.demonstrations import load_demonstrations
 from posttrain.data.pairs import PreferencePair, preference_pairs, split_by_success
 from posttrain.data.store import DataError, TrajectoryStore
 from posttrain.envs import make_env
-from posttrain.eval import EvalResult, evaluate
+from posttrain.eval import EvalResult
 from posttrain.models import Policy
 from posttrain.rollout import EnvPool, HFBackend
 from posttrain.train.checkpoint import save_checkpoint
 from posttrain.train.metrics import MetricsLogger
 from posttrain.train.optimizer import adamw
-from posttrain.train.trainer import ProgressHook, RunningStats, TrainResult
+from posttrain.train.trainer import ProgressHook, RunningStats, TrainResult, evaluate_and_record
 from posttrain.types import Batch, Trajectory
 
 PAIRED = ("dpo", "ipo", "cdpo")
@@ -189,22 +189,8 @@ class OfflineTrainer:
         return result
 
     def evaluate(self, logger: MetricsLogger | None = None) -> EvalResult:
-        done = 0
-
-        def tick(n: int) -> None:
-            nonlocal done
-            done += n
-            self.progress("eval", done, len(self.eval_tasks), {})
-
-        result = evaluate(self.envs, self.backend, self.policy.tokenizer, self.eval_tasks, self.cfg.eval,
-                          self.cfg.rollout, self.cfg.env.step_timeout, tick)
-        self.progress("eval", len(self.eval_tasks), len(self.eval_tasks), {"step": self.step, **result.metrics()})
-        if logger:
-            logger.log("eval", self.step, result.metrics())
-            samples = self.run_dir / "eval_samples" / f"step-{self.step:06d}.jsonl"
-            samples.parent.mkdir(parents=True, exist_ok=True)
-            samples.write_text("".join(json.dumps(s) + "\n" for s in result.samples))
-        return result
+        return evaluate_and_record(self.cfg, self.envs, self.backend, self.policy.tokenizer, self.eval_tasks,
+                                   self.step, self.run_dir, self.progress, logger)
 
     # ----------------------------------------------------------------- one step
 

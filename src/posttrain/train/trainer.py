@@ -131,22 +131,8 @@ class Trainer:
         return result
 
     def evaluate(self, logger: MetricsLogger | None = None) -> EvalResult:
-        done = 0
-
-        def tick(n: int) -> None:
-            nonlocal done
-            done += n
-            self.progress("eval", done, len(self.eval_tasks), {})
-
-        result = evaluate(self.envs, self.backend, self.policy.tokenizer, self.eval_tasks, self.cfg.eval,
-                          self.cfg.rollout, self.cfg.env.step_timeout, tick)
-        self.progress("eval", len(self.eval_tasks), len(self.eval_tasks), {"step": self.step, **result.metrics()})
-        if logger:
-            logger.log("eval", self.step, result.metrics())
-            samples = self.run_dir / "eval_samples" / f"step-{self.step:06d}.jsonl"
-            samples.parent.mkdir(parents=True, exist_ok=True)
-            samples.write_text("".join(json.dumps(s) + "\n" for s in result.samples))
-        return result
+        return evaluate_and_record(self.cfg, self.envs, self.backend, self.policy.tokenizer, self.eval_tasks,
+                                   self.step, self.run_dir, self.progress, logger)
 
     def save(self) -> Path:
         extra = {"task_rng": self._task_rng.getstate(), "task_order": self._task_order,
@@ -365,6 +351,27 @@ class Trainer:
         nll = sft_loss(lp, batch.loss_mask)
         (self.cfg.sft.weight * nll).backward()
         return nll.item()
+
+
+def evaluate_and_record(cfg: RunConfig, envs: EnvPool, backend: HFBackend, tokenizer, tasks: list[Task], step: int,
+                        run_dir: Path, progress: ProgressHook, logger: MetricsLogger | None) -> EvalResult:
+    """Held-out evaluation after ``step`` updates, reported to ``progress`` and, with a logger,
+    logged and its samples written to ``run_dir/eval_samples``; shared by the online and offline trainers."""
+    done = 0
+
+    def tick(n: int) -> None:
+        nonlocal done
+        done += n
+        progress("eval", done, len(tasks), {})
+
+    result = evaluate(envs, backend, tokenizer, tasks, cfg.eval, cfg.rollout, cfg.env.step_timeout, tick)
+    progress("eval", len(tasks), len(tasks), {"step": step, **result.metrics()})
+    if logger:
+        logger.log("eval", step, result.metrics())
+        samples = run_dir / "eval_samples" / f"step-{step:06d}.jsonl"
+        samples.parent.mkdir(parents=True, exist_ok=True)
+        samples.write_text("".join(json.dumps(s) + "\n" for s in result.samples))
+    return result
 
 
 class RunningStats:
