@@ -107,6 +107,7 @@ class TextGame(AECEnv):
             else:
                 # aec_to_parallel steps every agent of a cycle with an action, also those whose game
                 # ended earlier in the cycle: ignore it, and leave the removal to the None steps.
+                self._clear_rewards()
                 self.agent_selection = self._next_agent(agent)
             return
         self._clear_rewards()
