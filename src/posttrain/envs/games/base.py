@@ -51,6 +51,7 @@ class TextGame(AECEnv):
     metadata = {"name": "text_game", "render_modes": ["ansi"], "is_parallelizable": True}
     game = "text_game"
     possible_agents: list[str] = []
+    fixed_players = True  # random and scripted players can take a seat (legal_moves, scripted_move)
 
     def __init__(self, invalid_penalty: float = 0.1, max_invalid: int = 3, num_train: int = 1000,
                  num_eval: int = 200, render_mode: str | None = None):

@@ -31,6 +31,7 @@ class CoderTester(TextGame):
     metadata = {**TextGame.metadata, "name": "coder_tester"}
     game = "coder_tester"
     possible_agents = ["tester", "coder"]
+    fixed_players = False  # no random or scripted tester or coder
 
     def __init__(self, source: str = "generated", rounds: int = 1, max_tests: int = 5, num_eval: int = 40,
                  seed: int = 0, timeout: float = 6.0, test_timeout: float = 2.0, memory_mb: int = 512,

@@ -50,6 +50,7 @@ class Negotiation(ParallelEnv):
     metadata = {"name": "negotiation", "render_modes": ["ansi"]}
     game = "negotiation"
     possible_agents = ["alice", "bob"]
+    fixed_players = True  # random and scripted players can take a seat (legal_moves, scripted_move)
 
     def __init__(self, max_rounds: int = 3, invalid_penalty: float = 0.1, max_invalid: int = 3,
                  num_train: int = 1000, num_eval: int = 200, render_mode: str | None = None):
