@@ -107,6 +107,8 @@ def test_reasoning_gym_dataset_splits_are_disjoint_and_scored_by_its_verifier():
     assert (reward, done, info["correct"]) == (1.0, True, True)
     env.reset(options={"task": task})
     assert env.step("Answer: not a number")[1] == 0.0
+    env.reset(options={"task": task})
+    assert env.step(f"The final answer to the problem is {task.answer}.")[1] == 1.0
 
 
 def test_reasoning_gym_unknown_dataset_is_a_clear_error(tmp_path):

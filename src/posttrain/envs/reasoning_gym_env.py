@@ -2,7 +2,8 @@
 
 ``env: {id: reasoning_gym, kwargs: {dataset: basic_arithmetic, size: 1000, config: {...}}}`` poses
 the items of any of its datasets, single-turn, and scores the answer with the dataset's own
-``score_answer`` (a float in [0, 1]; 1 is correct). The held-out split is a second dataset drawn
+``score_answer`` (a float in [0, 1]; 1 is correct) on the answer the text gives (see
+:func:`extract_answer`; when the dataset's answers are numbers, a sentence's final number). The held-out split is a second dataset drawn
 with another seed, with every question that also occurs in the training split removed, so the
 splits never share an item.
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 from posttrain.envs.base import Split, TextEnv
 from posttrain.envs.contract import EnvError
+from posttrain.rewards.verifiable import extract_final_number, parse_number
 from posttrain.types import Task
 
 INSTRUCTION = "\n\nThink briefly, then give only the final answer on the last line, after 'Answer:'."
@@ -80,6 +82,11 @@ class ReasoningGymEnv(TextEnv):
     def score(self, task: Task, action: str) -> tuple[float, dict[str, Any]]:
         source, entry = self._entries[task.id]
         answer = extract_answer(action)
+        # A numeric answer given in a sentence ("the answer to the problem is 12."): its final number.
+        if parse_number(str(entry["answer"])) is not None and parse_number(answer) is None:
+            number = extract_final_number(action)
+            if number is not None:
+                answer = str(number) if number.denominator != 1 else str(number.numerator)
         try:
             reward = float(source.score_answer(answer, entry))
         except Exception:  # noqa: BLE001 - a verifier choking on untrusted text scores it 0
