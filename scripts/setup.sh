@@ -32,4 +32,13 @@ if ! sandbox_works; then
     fi
     sandbox_works || { echo "setup: the bubblewrap sandbox does not work here: $("$VENV/bin/posttrain" sandbox exec "$VENV/.sandbox-check.py" 2>&1 | tail -2)" >&2; exit 1; }
 fi
+# Headless Chromium: Playwright drives the distribution's build (its own browser download is not
+# reachable everywhere); the run report's test opens reports in it.
+if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+    else
+        echo "setup: no chromium on PATH and no root apt-get to install it; the browser tests will skip" >&2
+    fi
+fi
 touch "$VENV/.installed"

@@ -1,4 +1,4 @@
-"""Command line: ``posttrain train|eval|collect|dpo|sft|envs|config|sandbox``.
+"""Command line: ``posttrain train|eval|collect|dpo|sft|report|envs|config|sandbox``.
 
 User mistakes (a bad config, a missing file, an unknown environment or model) print one line
 naming what is wrong and exit with code 2, without a traceback.
@@ -128,11 +128,22 @@ def eval_cmd(
                               lambda n: progress.advance(bar, n))
     if as_json:
         sys.stdout.write(json.dumps({"checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.id,
-                                     **result.metrics()}) + "\n")
+                                     "samples_per_task": cfg.eval.samples_per_task, **result.to_json()}) + "\n")
     else:
-        passes = "  ".join(f"pass@{k} {v:.1%}" for k, v in result.pass_at.items())
-        Console().print(f"held-out accuracy {result.accuracy:.1%}  {passes}  mean reward {result.reward_mean:.3f}  "
-                        f"({result.num_tasks} tasks, {cfg.eval.samples_per_task} samples each, {result.errors} errors)")
+        _print_eval(result, cfg.eval.samples_per_task)
+
+
+def _print_eval(result, samples_per_task: int) -> None:
+    """The held-out result as a table: every difficulty level, then all tasks together."""
+    ks = list(result.pass_at)
+    table = Table(title=f"held-out: {result.num_tasks} tasks x {samples_per_task} samples (means per episode)")
+    for name in ("level", "tasks", "success", *(f"pass@{k}" for k in ks), "reward", "turns", "tokens", "errors"):
+        table.add_column(name, justify="left" if name == "level" else "right", no_wrap=True)
+    rows = list(result.per_difficulty.items()) if len(result.per_difficulty) > 1 else []
+    for level, s in [*rows, ("all", result.overall)]:
+        table.add_row(level, str(s.num_tasks), f"{s.accuracy:.1%}", *(f"{s.pass_at.get(k, 0.0):.1%}" for k in ks),
+                      f"{s.reward_mean:.3f}", f"{s.turns_mean:.2f}", f"{s.tokens_mean:.1f}", str(s.errors))
+    Console().print(table)
 
 
 @app.command()
@@ -194,6 +205,21 @@ def sft(
 ) -> None:
     """Supervised fine-tuning: on a store's successful trajectories (rft) or on demonstrations (sft)."""
     _offline(config, overrides, ("rft", "sft"), "sft")
+
+
+@app.command()
+def report(
+    run_dir: str = typer.Argument(..., help="Run directory (a training run's output_dir)."),
+    out: Optional[str] = typer.Option(None, "--out", help="HTML file to write (default RUN_DIR/report.html)."),
+    max_episodes: int = typer.Option(3000, "--max-episodes", min=1, help="Most training episodes in the viewer "
+                                     "(whole steps, evenly spaced, are kept)."),
+) -> None:
+    """Write one self-contained HTML report of a run: curves, evaluations and a trajectory viewer."""
+    with _user_errors():
+        from posttrain.eval.report import write_report
+
+        path = write_report(run_dir, out, max_train=max_episodes)
+    Console().print(f"report: {path} ({path.stat().st_size / 1e6:.1f} MB)")
 
 
 @app.command()

@@ -86,7 +86,7 @@ class ToolMathEnv(ToolEnv):
                 break
             exprs.setdefault(_expression(rng, difficulty))
         tasks = [Task(f"toolmath-{difficulty}-{e.replace(' ', '')}", _question(e, word_problems),
-                      int(evaluate_expression(e)), {"expression": e}) for e in exprs]
+                      int(evaluate_expression(e)), {"expression": e, "difficulty": difficulty}) for e in exprs]
         self._splits = {"eval": tasks[:num_eval], "train": tasks[num_eval:]}
 
     def score(self, task: Task, action: str) -> tuple[float, dict[str, Any]]:
