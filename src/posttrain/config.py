@@ -358,6 +358,63 @@ class MultiAgentSection(_Section):
     eval_games: int = Field(20, gt=0, description="Held-out games per role and evaluation opponent.")
 
 
+class CurriculumSection(_Section):
+    enabled: bool = Field(
+        False, description="Draw training tasks by measured success (posttrain.train.curriculum): from one difficulty "
+        "level (task.metadata['difficulty']) at a time, promoted and demoted by success, tasks always or never solved "
+        "dropped, tasks near 50% success preferred. false: every task once per epoch in random order."
+    )
+    start_level: int = Field(0, ge=0, description="Index of the starting level among the sorted difficulty levels "
+                             "(0: the easiest).")
+    window: int = Field(32, gt=0, description="Episodes at the current level whose success rate decides a level "
+                        "change (cleared after each change).")
+    promote_at: float = Field(0.7, gt=0.0, le=1.0, description="Move one level up when the window's success rate "
+                              "reaches this.")
+    demote_at: float = Field(0.1, ge=0.0, lt=1.0, description="Move one level down when the window's success rate is "
+                             "at or below this (0 with a full window of failures).")
+    retire_min_samples: int = Field(
+        8, ge=0, description="Drop a task once it has this many episodes, all solved or all failed (their "
+        "group-relative advantages are zero); 0 keeps every task."
+    )
+    review_fraction: float = Field(0.0, ge=0.0, le=1.0, description="Share of draws taken from easier levels than the "
+                                   "current one, against forgetting.")
+    turns_start: int = Field(
+        0, ge=0, description="Turn-limit schedule (AgentGym-RL's ScalingInter-RL, Xi et al. 2025), independent of "
+        "enabled: episodes start with this many turns at most, growing to rollout.max_turns; 0 turns it off."
+    )
+    turns_increase: int = Field(1, gt=0, description="Turns added to the limit every curriculum.turns_every steps.")
+    turns_every: int = Field(10, gt=0, description="Train steps between two increases of the turn limit.")
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> "CurriculumSection":
+        if self.demote_at >= self.promote_at:
+            raise ValueError(f"curriculum.demote_at ({self.demote_at}) must be below curriculum.promote_at "
+                             f"({self.promote_at})")
+        return self
+
+
+class WandbSection(_Section):
+    enabled: bool = Field(False, description="Also log metrics to Weights & Biases (needs `pip install wandb`).")
+    project: str = Field("posttrain", description="W&B project.")
+    entity: str = Field("", description="W&B entity (team or user); empty uses your default.")
+    mode: Literal["online", "offline"] = Field(
+        "online", description="offline writes the W&B run under <output_dir>/wandb, to upload later with `wandb sync`."
+    )
+
+
+class TrackioSection(_Section):
+    enabled: bool = Field(False, description="Also log metrics to trackio, a local-first tracker (needs `pip install "
+                          "trackio`; `trackio show` opens its dashboard).")
+    project: str = Field("posttrain", description="trackio project.")
+
+
+class LoggingSection(_Section):
+    tensorboard: bool = Field(True, description="Write TensorBoard events under <output_dir>/tensorboard (metrics.jsonl "
+                              "is always written).")
+    wandb: WandbSection = Field(default_factory=WandbSection, description="Weights & Biases.")
+    trackio: TrackioSection = Field(default_factory=TrackioSection, description="trackio.")
+
+
 class RunConfig(_Section):
     model: ModelSection = Field(default_factory=ModelSection, description="The policy.")
     env: EnvSection = Field(default_factory=EnvSection, description="The environment.")
@@ -368,6 +425,9 @@ class RunConfig(_Section):
     store: StoreSection = Field(default_factory=StoreSection, description="Trajectory store.")
     offline: OfflineSection = Field(default_factory=OfflineSection, description="Offline training (dpo, sft).")
     sft: SftSection = Field(default_factory=SftSection, description="Demonstrations for SFT.")
+    curriculum: CurriculumSection = Field(default_factory=CurriculumSection, description="Task curriculum and "
+                                          "turn-limit schedule.")
+    logging: LoggingSection = Field(default_factory=LoggingSection, description="Metric sinks beside metrics.jsonl.")
     multi_agent: MultiAgentSection = Field(default_factory=MultiAgentSection,
                                            description="Self-play and multi-agent training.")
     output_dir: str = Field("runs/default", description="Run directory: checkpoints, metrics, logs.")
