@@ -43,9 +43,9 @@ def test_summary_overall_per_task_and_per_difficulty():
     assert out["num_tasks"] == 3 and out["per_difficulty"]["3"]["episodes"] == 6 and len(out["per_task"]) == 3
 
 
-@pytest.mark.parametrize("env_id", sorted(s.id for s in registered() if not s.multi_agent))
-def test_every_registered_env_evaluates(env_id, tiny_model, tokenizer):
-    envs = EnvPool(lambda: make_env(env_id, {}))
+@pytest.mark.parametrize("spec", [s for s in registered() if not s.multi_agent], ids=lambda s: s.id)
+def test_every_registered_env_evaluates(spec, tiny_model, tokenizer):
+    envs = EnvPool(lambda: make_env(spec.id, spec.example_kwargs))
     tasks = envs.tasks("eval")[:2]
     cfg = EvalSection(num_tasks=2, temperature=1.0, samples_per_task=2, pass_k=2, max_new_tokens=8)
     backend = HFBackend(tiny_model, tokenizer, batch_size=8, seed=0)
@@ -59,6 +59,7 @@ def test_every_registered_env_evaluates(env_id, tiny_model, tokenizer):
     assert len(row["completion_ids"]) == len(row["loss_mask"]) and row["steps"]
 
 
+@pytest.mark.slow
 def test_cli_eval_json_breaks_down_by_difficulty(tmp_path):
     config = tiny_config(tmp_path, env={"kwargs": {"difficulty": [1, 4], "num_eval": 3}}, eval={"num_tasks": 6})
     proc = run_cli("eval", config, "--json")

@@ -64,23 +64,10 @@ def store_path(run_dir: Path, config: dict[str, Any]) -> Path:
     return Path(configured) if configured else run_dir / "trajectories"
 
 
-def assign_steps(trajectories: list[Trajectory], train: list[dict[str, Any]]) -> list[StoredTrajectory]:
-    """The train step of each stored trajectory, in store order.
-
-    The trainer records ``metadata["step"]``; stores written before it did are matched by
-    order instead: step s appended ``samples`` trajectories (its train record), the steps
-    appending in turn.
-    """
-    if all("step" in t.metadata for t in trajectories):
-        return [StoredTrajectory(int(t.metadata["step"]), t) for t in trajectories]
-    out, i = [], 0
-    for record in sorted(train, key=lambda r: r["step"]):
-        n = int(record.get("samples", 0))
-        out += [StoredTrajectory(int(record["step"]), t) for t in trajectories[i : i + n]]
-        i += n
-    last = max((r["step"] for r in train), default=0)
-    out += [StoredTrajectory(last + 1, t) for t in trajectories[i:]]  # a step cut short before its record
-    return out
+def with_steps(trajectories: list[Trajectory]) -> list[StoredTrajectory]:
+    """Each stored trajectory with the train step that sampled it (``metadata["step"]``, which the
+    trainer records; -1 for rows written by ``posttrain collect``)."""
+    return [StoredTrajectory(int(t.metadata.get("step", -1)), t) for t in trajectories]
 
 
 def load_run(run_dir: str | Path) -> RunData:
@@ -104,7 +91,7 @@ def load_run(run_dir: str | Path) -> RunData:
         except ValueError:
             continue
     store = TrajectoryStore(store_path(run_dir, config))
-    trajectories = assign_steps(store.trajectories(), train) if store.files() else []
+    trajectories = with_steps(store.trajectories()) if store.files() else []
     summary_file = run_dir / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
     return RunData(run_dir, config, train, evals, samples, trajectories, summary, skipped)

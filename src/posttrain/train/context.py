@@ -87,11 +87,13 @@ class RunContext:
         return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
                               stop=tuple(r.stop))
 
-    def rollout(self, tasks: list[Task], params: SamplingParams, samples_per_task: int) -> list[Trajectory]:
-        """``samples_per_task`` episodes of each task under the config's turn, context and time limits."""
+    def rollout(self, tasks: list[Task], params: SamplingParams, samples_per_task: int,
+                max_turns: int | None = None) -> list[Trajectory]:
+        """``samples_per_task`` episodes of each task under the config's turn (or ``max_turns``), context
+        and time limits."""
         cfg = self.cfg
         return run_episodes(self.envs, self.backend, self.policy.tokenizer, tasks, params, samples_per_task,
-                            cfg.rollout.max_turns, cfg.rollout.max_context_tokens, cfg.env.step_timeout,
+                            max_turns or cfg.rollout.max_turns, cfg.rollout.max_context_tokens, cfg.env.step_timeout,
                             cfg.env.success_reward)
 
     # ------------------------------------------------------------------ the run directory
@@ -100,7 +102,7 @@ class RunContext:
         """Create the run directory, record the config, open the metrics logger."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(self.cfg.model_dump_json(indent=2))
-        self.logger = MetricsLogger(self.run_dir)
+        self.logger = MetricsLogger(self.run_dir, self.cfg.logging, self.cfg.model_dump(mode="json"))
         return self.logger
 
     def close(self) -> None:

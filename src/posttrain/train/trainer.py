@@ -9,7 +9,6 @@ eval mode for generation, evaluation and the no-gradient passes.
 
 from __future__ import annotations
 
-import random
 import time
 import uuid
 from contextlib import contextmanager
@@ -25,9 +24,10 @@ from posttrain.envs.contract import step_metrics
 from posttrain.eval import EvalResult
 from posttrain.models.value import Critic
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
+from posttrain.train.curriculum import scheduled_max_turns, task_sampler
 from posttrain.train.optimizer import adamw
 from posttrain.train.stats import RunningStats
-from posttrain.types import Batch, Task, Trajectory
+from posttrain.types import Batch, Trajectory
 
 
 def optimizer_steps_per_batch(cfg: RunConfig) -> int:
@@ -56,8 +56,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
         self.sampling = self.ctx.sampling()
-        self._task_rng = random.Random(cfg.seed)
-        self._task_order: list[int] = []
+        self.tasks = task_sampler(self.train_tasks, cfg.curriculum, cfg.seed)
         self.step = 0
         self.store = TrajectoryStore(cfg.store.path or self.ctx.run_dir / "trajectories") if cfg.store.write else None
         self.run_id = f"{self.ctx.run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -97,8 +96,7 @@ class Trainer:
         return self.ctx.evaluate(self.step, self.eval_tasks)
 
     def save(self):
-        extra = {"task_rng": self._task_rng.getstate(), "task_order": self._task_order,
-                 "algorithm": self.algorithm.state_dict()}
+        extra = {"tasks": self.tasks.state_dict(), "algorithm": self.algorithm.state_dict()}
         if self.critic is not None:
             extra["critic"] = self.critic.state_dict()
         return self.ctx.save_checkpoint(self.step, self.optimizer, self.scheduler, extra)
@@ -124,16 +122,6 @@ class Trainer:
 
     # ----------------------------------------------------------------- sample and score
 
-    def next_tasks(self, n: int) -> list[Task]:
-        """Draw tasks without replacement, reshuffling the training split each epoch."""
-        picked = []
-        for _ in range(n):
-            if not self._task_order:
-                self._task_order = list(range(len(self.train_tasks)))
-                self._task_rng.shuffle(self._task_order)
-            picked.append(self.train_tasks[self._task_order.pop()])
-        return picked
-
     def sample(self) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
         """Roll out tasks_per_step groups and score them; when the algorithm drops groups without
         signal (DAPO's dynamic sampling), sample more tasks until the batch is full or the rounds run out."""
@@ -143,12 +131,17 @@ class Trainer:
         kept_rewards: list[torch.Tensor] = []
         sampled: list[Trajectory] = []
         flat_count = rounds = 0
+        c = cfg.curriculum
+        max_turns = scheduled_max_turns(self.step, cfg.rollout.max_turns, c.turns_start, c.turns_increase, c.turns_every)
         while len(kept) < cfg.train.tasks_per_step * g and rounds < algo.max_sampling_rounds:
             rounds += 1
-            trajectories = self.ctx.rollout(self.next_tasks(cfg.train.tasks_per_step - len(kept) // g),
-                                            self.sampling, g)
+            trajectories = self.ctx.rollout(self.tasks.sample(cfg.train.tasks_per_step - len(kept) // g),
+                                            self.sampling, g, max_turns)
+            self.tasks.observe(trajectories)
             sampled += trajectories
             if self.store is not None:  # policy version: optimiser steps taken by the sampling policy
+                for t in trajectories:
+                    t.metadata["step"] = self.step
                 self.store.append(trajectories, self.run_id, policy_version=self.scheduler.last_epoch)
             rewards = algo.shaped_rewards(torch.tensor([t.reward for t in trajectories]),
                                           torch.tensor([t.num_sampled_tokens for t in trajectories]))
@@ -159,7 +152,8 @@ class Trainer:
                     continue
                 kept += trajectories[k * g : (k + 1) * g]
                 kept_rewards.append(rewards[k * g : (k + 1) * g])
-        info = {"sampling_rounds": float(rounds), "zero_variance_groups": flat_count / (len(sampled) // g)}
+        info = {"sampling_rounds": float(rounds), "zero_variance_groups": flat_count / (len(sampled) // g),
+                "max_turns": float(max_turns), **self.tasks.metrics()}
         rewards = torch.cat(kept_rewards) if kept_rewards else torch.zeros(0)
         return kept, rewards, {**info, **rollout_metrics(sampled)}
 
