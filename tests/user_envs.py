@@ -33,6 +33,14 @@ class Capitals(gym.Env):
         return "", reward, True, False, {"correct": correct}
 
 
+class NoisyCapitals(Capitals):
+    """Capitals whose reward carries a little noise from the env's own np_random (gymnasium's RNG)."""
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(action)
+        return observation, reward + 0.1 * float(self.np_random.random()), terminated, truncated, info
+
+
 class Exploding(Capitals):
     """Raises on every other step: training must go on and count the errors."""
 

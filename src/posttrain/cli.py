@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -59,16 +60,20 @@ def _progress() -> Progress:
 def train(
     config: str = typer.Argument(..., help="YAML run config."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Continue the run in this directory from its newest "
+                                         "complete checkpoint, exactly (the config must match the run's)."),
 ) -> None:
     """Train a policy with online RL, evaluating on the held-out split before and after."""
     with _user_errors():
         cfg = load_config(config, overrides)
         from posttrain.train import Trainer
 
+        if resume is not None and not Path(resume).is_dir():
+            raise ConfigError(f"--resume {resume}: no such run directory")
         with _progress() as progress:
             hook = _progress_hook(progress, lambda info: f"reward {info['reward_mean']:.2f}  "
                                                          f"{info['step_seconds']:.1f}s/step")
-            result = Trainer(cfg, progress=hook).train()
+            result = Trainer(cfg, progress=hook, resume=resume).train()
     _print_result(f"posttrain: {cfg.model.name} on {cfg.env.id}", result)
 
 
@@ -250,8 +255,6 @@ def sandbox_exec(
 ) -> None:
     """Run FILE.py in the sandbox and print its result; exit 0 only if its status is ok."""
     with _user_errors():
-        from pathlib import Path
-
         from posttrain.sandbox import Limits, Sandbox
 
         path = Path(file)

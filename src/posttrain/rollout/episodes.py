@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from posttrain.envs.contract import EnvError, as_messages, env_tasks, observation_text, reset_episode, success
 from posttrain.rollout.backend import Generation, GenerationBackend, SamplingParams
@@ -27,20 +28,49 @@ from posttrain.types import Step, Task, Trajectory
 
 
 class EnvPool:
-    """Independent instances of one environment, one per concurrent episode, reused across steps."""
+    """Independent instances of one environment, one per concurrent episode, reused across steps.
 
-    def __init__(self, factory: Callable[[], gym.Env]):
+    With a ``seed``, the k-th instance created gets its own ``np_random`` seeded from (seed, k), so
+    that environments that draw randomness do so reproducibly (gymnasium otherwise seeds an unseeded
+    env from the OS on first use); :meth:`rng_states` and :meth:`load_rng_states` save and restore
+    every instance's generator for an exact resume.
+    """
+
+    def __init__(self, factory: Callable[[], gym.Env], seed: int | None = None):
         self._factory = factory
-        self._envs = [factory()]
+        self._seed = seed
+        self._created = 0
+        self._envs = [self._make()]
+
+    def _make(self) -> gym.Env:
+        env = self._factory()
+        if self._seed is not None and isinstance(env, gym.Env):
+            sequence = np.random.SeedSequence([self._seed, self._created])
+            env.unwrapped.np_random = np.random.Generator(np.random.PCG64(sequence))
+        self._created += 1
+        return env
 
     def take(self, n: int) -> list[gym.Env]:
         while len(self._envs) < n:
-            self._envs.append(self._factory())
+            self._envs.append(self._make())
         return self._envs[:n]
 
     def replace(self, env: gym.Env) -> None:
         """Swap out an instance that may still be busy (a step that timed out) for a fresh one."""
-        self._envs[self._envs.index(env)] = self._factory()
+        self._envs[self._envs.index(env)] = self._make()
+
+    def rng_states(self) -> dict[str, Any]:
+        """Every instance's ``np_random`` state (None for an env without one) and the creation count."""
+        return {"created": self._created,
+                "envs": [env.unwrapped.np_random.bit_generator.state if isinstance(env, gym.Env) else None
+                         for env in self._envs]}
+
+    def load_rng_states(self, state: dict[str, Any]) -> None:
+        self.take(len(state["envs"]))
+        for env, rng in zip(self._envs, state["envs"]):
+            if rng is not None:
+                env.unwrapped.np_random.bit_generator.state = rng
+        self._created = state["created"]
 
     def tasks(self, split: str, train_seeds: int = 1000, eval_seed_start: int = 1_000_000,
               eval_seeds: int = 1000) -> list[Task]:

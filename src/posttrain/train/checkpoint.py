@@ -1,8 +1,9 @@
 """Checkpoints: the model (or its LoRA adapters) and the trainer's state.
 
 Layout of ``<run>/checkpoints/step-000010/``: ``model/`` (a loadable HF directory, what
-``posttrain eval --checkpoint`` reads), ``trainer_state.pt`` (optimiser, scheduler, step, RNG and
-task-order state, critic weights; kept for resuming, which the trainer does not do yet). A
+``posttrain eval --checkpoint`` reads), ``trainer_state.pt`` (optimiser, scheduler, step, every RNG,
+task sampler, algorithm and critic state: what ``posttrain train --resume`` restores, see
+:mod:`posttrain.train.resume`) and ``config.json`` (the run's config, checked on resume). A
 checkpoint is written to a temporary name and renamed into place, so a crash never leaves a
 half-written one behind.
 """
@@ -24,12 +25,13 @@ def checkpoint_path(run_dir: Path, step: int) -> Path:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, policy: Policy, optimizer, scheduler, extra: dict[str, Any]
+    run_dir: Path, step: int, policy: Policy, optimizer, scheduler, extra: dict[str, Any], config_json: str = "{}"
 ) -> Path:
     final = checkpoint_path(run_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     policy.save(tmp / "model")
+    (tmp / "config.json").write_text(config_json)
     torch.save(
         {
             "step": step,

@@ -60,7 +60,7 @@ class RunContext:
         self.progress: ProgressHook = progress or (lambda *a: None)
         seed_everything(cfg.seed, cfg.train.threads)
         self.run_dir = Path(cfg.output_dir)
-        self.envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs))
+        self.envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs), seed=cfg.seed)
         self.policy = Policy.load(cfg.model, need_reference=need_reference, checkpoint=checkpoint)
         self.policy.model.eval()  # trainers switch to train mode for their updates only
         self.backend = HFBackend(self.policy.model, self.policy.tokenizer, generation_batch or cfg.rollout.batch_size,
@@ -129,8 +129,20 @@ class RunContext:
                 on_progress(n)
 
         cfg = self.cfg
-        result = evaluate(self.envs, self.backend, self.policy.tokenizer, tasks, cfg.eval, cfg.rollout,
-                          cfg.env.step_timeout, tick, cfg.env.success_reward)
+        # Sampled evaluations draw from a generator of their own, seeded by the step: they never shift
+        # the training samples (so eval settings do not change a run, and a resumed run evaluates as an
+        # uninterrupted one), and an evaluation at step N is reproducible. HFBackend keeps its sampling
+        # RNG in ``generator``; a backend without one samples as it does.
+        generator = getattr(self.backend, "generator", None)
+        saved = generator.get_state() if isinstance(generator, torch.Generator) else None
+        if saved is not None:
+            generator.manual_seed(cfg.seed * 1_000_003 + step)
+        try:
+            result = evaluate(self.envs, self.backend, self.policy.tokenizer, tasks, cfg.eval, cfg.rollout,
+                              cfg.env.step_timeout, tick, cfg.env.success_reward)
+        finally:
+            if saved is not None:
+                generator.set_state(saved)
         self.progress("eval", len(tasks), len(tasks), {"step": step, **result.metrics()})
         if self.logger is not None:
             self.logger.log("eval", step, result.metrics())
@@ -140,7 +152,16 @@ class RunContext:
         return result
 
     def save_checkpoint(self, step: int, optimizer, scheduler, extra: dict) -> Path:
-        return save_checkpoint(self.run_dir, step, self.policy, optimizer, scheduler, extra)
+        extra = {**extra, "rng": {"backend": self.backend.generator.get_state(), "envs": self.envs.rng_states()}}
+        return save_checkpoint(self.run_dir, step, self.policy, optimizer, scheduler, extra,
+                               self.cfg.model_dump_json(indent=2))
+
+    def restore_rngs(self, state: dict) -> None:
+        """Python's, torch's, the backend's and every env instance's generators, as a checkpoint saved them."""
+        random.setstate(state["python_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        self.backend.generator.set_state(state["rng"]["backend"])
+        self.envs.load_rng_states(state["rng"]["envs"])
 
     def write_summary(self, summary: dict) -> None:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

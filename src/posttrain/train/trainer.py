@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -25,6 +26,7 @@ from posttrain.eval import EvalResult
 from posttrain.models.value import Critic
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
 from posttrain.train.curriculum import scheduled_max_turns, task_sampler
+from posttrain.train.resume import check_resumable, cut_run_dir, latest_checkpoint, load_weights
 from posttrain.train.optimizer import adamw
 from posttrain.train.stats import RunningStats
 from posttrain.types import Batch, Trajectory
@@ -38,7 +40,14 @@ def optimizer_steps_per_batch(cfg: RunConfig) -> int:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, progress: ProgressHook | None = None):
+    """``resume``: a run directory to continue from its newest complete checkpoint (see train.resume)."""
+
+    def __init__(self, cfg: RunConfig, progress: ProgressHook | None = None, resume: str | Path | None = None):
+        checkpoint = None
+        if resume is not None:
+            checkpoint = latest_checkpoint(Path(resume))
+            check_resumable(checkpoint, cfg)  # before any model is loaded: a refused resume costs nothing
+            cfg = cfg.model_copy(update={"output_dir": str(resume)})
         self.cfg = cfg
         self.algorithm = Algorithm(cfg.algorithm, max_new_tokens=cfg.rollout.max_new_tokens,
                                    optimizer_steps_per_batch=optimizer_steps_per_batch(cfg))
@@ -60,10 +69,14 @@ class Trainer:
         self.step = 0
         self.store = TrajectoryStore(cfg.store.path or self.ctx.run_dir / "trajectories") if cfg.store.write else None
         self.run_id = f"{self.ctx.run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.run_ids = [self.run_id]  # every process of this run, resumed ones included (store rows)
         # Demonstrations whose SFT loss is mixed into every update, to keep base abilities.
         self.demonstrations = (load_demonstrations(cfg.sft.demonstrations, self.policy.tokenizer)
                                if cfg.sft.weight > 0 else [])
         self._next_demo = 0
+        self.resumed_from = checkpoint
+        if checkpoint is not None:
+            self.restore(checkpoint)
 
     # ----------------------------------------------------------------- the loop
 
@@ -72,7 +85,7 @@ class Trainer:
         start = time.time()
         ctx.start_run()
         try:
-            before = self.evaluate() if cfg.eval.before_training else None
+            before = self.evaluate() if cfg.eval.before_training and self.resumed_from is None else None
             while self.step < cfg.train.steps:
                 self.step += 1
                 metrics = self.train_step()
@@ -96,10 +109,27 @@ class Trainer:
         return self.ctx.evaluate(self.step, self.eval_tasks)
 
     def save(self):
-        extra = {"tasks": self.tasks.state_dict(), "algorithm": self.algorithm.state_dict()}
+        extra = {"tasks": self.tasks.state_dict(), "algorithm": self.algorithm.state_dict(),
+                 "next_demo": self._next_demo, "run_ids": self.run_ids}
         if self.critic is not None:
             extra["critic"] = self.critic.state_dict()
         return self.ctx.save_checkpoint(self.step, self.optimizer, self.scheduler, extra)
+
+    def restore(self, checkpoint: Path) -> None:
+        """Continue exactly where ``checkpoint`` left off; the run directory is cut back to its step."""
+        state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+        load_weights(self.policy, checkpoint / "model")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.tasks.load_state_dict(state["tasks"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+        self._next_demo = state["next_demo"]
+        self.step = state["step"]
+        self.run_ids = [*state["run_ids"], self.run_id]
+        self.ctx.restore_rngs(state)
+        cut_run_dir(self.ctx.run_dir, self.step, self.store, set(self.run_ids))
 
     def train_step(self) -> dict[str, float]:
         """One step: sample groups, score them, let the algorithm prepare the batch, update, report."""
