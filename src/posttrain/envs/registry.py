@@ -38,6 +38,9 @@ def _import(entry_point: str):
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise EnvError(f"env.id {entry_point!r}: cannot import module {module_name!r} ({e})") from None
+    except Exception as e:  # noqa: BLE001 - the user's module fails while importing (a SyntaxError, ...)
+        raise EnvError(f"env.id {entry_point!r}: importing module {module_name!r} raised {type(e).__name__}: "
+                       f"{e}") from None
     try:
         return getattr(module, attr)
     except AttributeError:
@@ -57,6 +60,9 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env:
         env = cls(**(kwargs or {}))
     except (TypeError, ValueError) as e:
         raise EnvError(f"env {env_id!r} with kwargs {kwargs or {}}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a user constructor may raise anything; name it in one line
+        raise EnvError(f"env {env_id!r} with kwargs {kwargs or {}}: its constructor raised "
+                       f"{type(e).__name__}: {e}") from None
     if not isinstance(env, gym.Env):
         raise EnvError(f"env.id {env_id!r} built a {type(env).__name__}, expected a gymnasium.Env")
     if not hasattr(env, "tasks"):
