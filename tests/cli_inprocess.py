@@ -33,7 +33,7 @@ def invoke(*args) -> Ended:
 
 def assert_one_line_error(ended: Ended, *fragments: str) -> str:
     """Exit 2, no traceback, exactly one `error:` line, naming each of ``fragments``."""
-    assert ended.exception is None, f"traceback: {ended.exception!r}"
+    assert ended.exception is None, f"traceback: {ended.exception!r:.300}"
     assert "Traceback" not in ended.stderr, ended.stderr[-2000:]
     assert ended.exit_code == 2, (ended.exit_code, ended.stderr[-2000:])
     assert len(ended.error_lines) == 1, ended.stderr[-2000:]
