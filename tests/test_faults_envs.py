@@ -32,9 +32,9 @@ def test_a_replacement_whose_constructor_raises_fails_its_episodes_only(backend,
     # The first instance plays its episode; the two that could not be built fail theirs.
     assert trajectories[0].error is None and trajectories[0].steps
     for t in trajectories[1:]:
-        assert t.error == "env: EnvError: env 'user_envs:FailingReplacement' with kwargs {}: its constructor raised " \
-                          "RuntimeError: no more licences for the simulator"
-        assert t.reward == 0.0 and t.finish_reason == "error"
+        assert t.error == "make_env: EnvError: env 'user_envs:FailingReplacement' with kwargs {}: its constructor " \
+                          "raised RuntimeError: no more licences for the simulator"
+        assert t.reward == 0.0 and t.finish_reason == "error" and t.error_kind == "make_env"
 
 
 @pytest.mark.parametrize("observation", ["dict", "ints"])
@@ -42,22 +42,22 @@ def test_an_observation_that_is_not_text_or_messages_is_an_episode_error(backend
     _, trajectories = _episodes("BadObservation", backend, tokenizer, n=2, kwargs={"observation": observation},
                                 max_turns=3)
     for t in trajectories:
-        assert t.error.startswith("step: ValueError: an observation must be text, a chat message"), t.error
-        assert len(t.steps) == 1  # the turn that produced it is kept; no further turn was sampled
+        assert t.error.startswith("step: EnvError: observation ") and "is neither text nor chat messages" in t.error
+        assert t.error_kind == "bad_observation"
 
 
 @pytest.mark.parametrize("kind, says", [
-    ("strings", "returned str 'fr' among its tasks, expected posttrain.types.Task objects"),
-    ("none", "returned a NoneType, expected a list of posttrain.types.Task"),
-    ("text", "returned a str, expected a list of posttrain.types.Task"),
-    ("ids", "returned a Task whose id (int 1) or prompt (str 'Capital?') is not a str"),
+    ("strings", "holds a str ('fr'); expected posttrain.types.Task items"),
+    ("none", "returned a NoneType; expected a list of posttrain.types.Task"),
+    ("text", "returned a str; expected a list of posttrain.types.Task"),
+    ("ids", "holds a Task whose id (1) or prompt ('Capital?') is not a str"),
     ("raises", "raised KeyError: 'train'"),
 ])
 def test_tasks_of_the_wrong_type_stop_with_a_message_naming_them(kind, says):
     envs = EnvPool(lambda: make_env("user_envs:BadTasks", {"kind": kind}))
     with pytest.raises(EnvError) as e:
         envs.tasks("train")
-    assert str(e.value) == f"the environment's tasks('train') {says}"
+    assert str(e.value) == f"tasks('train') {says}"
 
 
 def test_a_busy_looping_env_times_out_and_leaves_no_thread_spinning(backend, tokenizer):
@@ -78,7 +78,7 @@ def test_a_prompt_longer_than_the_context_is_an_episode_error_at_once(backend, t
     # 1 MB: refused from its length alone, before any tokenizing or generation.
     _, huge = _episodes("HugePrompt", backend, tokenizer, n=2)
     assert all("the observation is 999996 characters" in t.error and t.error.startswith("reset:") for t in huge)
-    assert all(t.completion_ids == [] for t in huge)
+    assert all(t.completion_ids == [] and t.error_kind == "too_long" for t in huge)
     # Just over the context: tokenized, found too long, refused.
     _, over = _episodes("HugePrompt", backend, tokenizer, n=1, kwargs={"chars": 600}, max_context=64)
     assert "tokens, more than the 64 the context holds" in over[0].error
@@ -94,7 +94,7 @@ def test_non_finite_rewards_are_episode_errors_with_the_reason(backend, tokenize
     user_envs.NonFiniteReward.calls = 0
     _, trajectories = _episodes("NonFiniteReward", backend, tokenizer, n=4)
     errors = sorted(t.error for t in trajectories if t.error)
-    assert errors == [f"step: ValueError: step() returned reward {r}, expected a finite number"
+    assert errors == [f"bad_return: ValueError: step() returned reward {r}, expected a finite number"
                       for r in ("-inf", "inf", "nan")]
     assert all(math.isfinite(t.reward) for t in trajectories)
     assert [t.reward for t in trajectories if not t.error] == [1.0]
@@ -109,5 +109,5 @@ def test_a_step_result_of_the_wrong_shape_is_an_episode_error(backend, tokenizer
     env = envs.take(1)[0]
     env.step = lambda action: ("", 1.0, Lying(), False, {})
     (t,) = run_episodes(envs, backend, tokenizer, [Task("fr", "Capital of France?", "Paris")], PARAMS)
-    assert t.error == ("step: ValueError: step() must return (observation, reward, terminated, truncated, info): "
-                       "RuntimeError: no truth value")
+    assert t.error == ("bad_return: ValueError: step() must return (observation, reward, terminated, truncated, "
+                       "info): RuntimeError: no truth value")

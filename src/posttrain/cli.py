@@ -134,22 +134,17 @@ def eval_cmd(
     """Evaluate a policy on the environment's held-out split."""
     with _user_errors():
         cfg = load_config(config, overrides)
-        from posttrain.envs import EnvError, make_env
-        from posttrain.eval import evaluate
-        from posttrain.models import Policy
-        from posttrain.rollout import EnvPool, HFBackend
+        from posttrain.envs import EnvError
         from posttrain.rollout.episodes import EpisodesFailed
+        from posttrain.train.context import RunContext
 
-        envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs))
-        tasks = envs.tasks("eval")[: cfg.eval.num_tasks]
+        ctx = RunContext(cfg, checkpoint=checkpoint, generation_batch=cfg.eval.batch_size)
+        tasks = ctx.tasks("eval")
         if not tasks:
             raise EnvError(f"env {cfg.env.id!r} has no held-out tasks (its tasks('eval') is empty)")
-        policy = Policy.load(cfg.model, checkpoint=checkpoint)
-        backend = HFBackend(policy.model, policy.tokenizer, cfg.eval.batch_size, cfg.seed, cfg.model.pack_weights)
         with _progress() as progress:
             bar = progress.add_task("eval", total=len(tasks), info="")
-            result = evaluate(envs, backend, policy.tokenizer, tasks, cfg.eval, cfg.rollout, cfg.env.step_timeout,
-                              lambda n: progress.advance(bar, n))
+            result = ctx.evaluate(0, tasks, lambda n: progress.advance(bar, n))
         if result.samples and result.errors == len(result.samples):
             first = next(s["error"] for s in result.samples if s["error"])
             raise EpisodesFailed(f"every held-out episode failed ({result.errors} of {len(result.samples)}): "
@@ -238,7 +233,8 @@ def envs() -> None:
     specs = registered()
     width = max(len(s.id) for s in specs)
     for spec in specs:
-        sys.stdout.write(f"{spec.id:<{width}}  {spec.description}\n")
+        kind = "multi-agent " if spec.multi_agent else "single-agent"
+        sys.stdout.write(f"{spec.id:<{width}}  {kind}  {spec.description}\n")
 
 
 @app.command("config")

@@ -27,7 +27,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from posttrain.envs.registry import EnvError
+from posttrain.envs.contract import EnvError, as_messages, env_tasks, observation_text, reset_episode, success
 from posttrain.rollout.backend import Generation, GenerationBackend, SamplingParams
 from posttrain.types import Step, Task, Trajectory
 
@@ -65,59 +65,11 @@ class EnvPool:
         except Exception:  # noqa: BLE001
             del self._envs[i]
 
-    def tasks(self, split: str) -> list[Task]:
-        """The env's tasks of ``split``, checked: :class:`EnvError` unless a list of Tasks."""
-        env = self._envs[0] if self._envs else self._factory()
-        where = f"the environment's tasks({split!r})"
-        try:
-            tasks = env.tasks(split)
-        except Exception as e:  # noqa: BLE001 - user code; the message names it
-            raise EnvError(f"{where} raised {type(e).__name__}: {e}") from None
-        if isinstance(tasks, (str, bytes, dict)) or not hasattr(tasks, "__iter__"):
-            raise EnvError(f"{where} returned a {type(tasks).__name__}, expected a list of posttrain.types.Task")
-        tasks = list(tasks)
-        for t in tasks:
-            if not isinstance(t, Task):
-                raise EnvError(f"{where} returned {_short(t)} among its tasks, expected posttrain.types.Task objects")
-            if not isinstance(t.id, str) or not isinstance(t.prompt, str):
-                raise EnvError(f"{where} returned a Task whose id ({_short(t.id)}) or prompt ({_short(t.prompt)}) "
-                               "is not a str")
-        return tasks
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = f"{type(value).__name__} {value!r}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-_OBSERVATION = "an observation must be text, a chat message {'role': str, 'content': str} or a list of them"
-
-
-def _messages(observation: Any) -> list[dict[str, Any]]:
-    """An observation as chat messages: text becomes a user message; messages pass through.
-
-    Anything else raises ValueError (the episode fails with it): a chat template given
-    ``{"foo": 1}`` or ``[1, 2, 3]`` would crash or render nonsense.
-    """
-    if isinstance(observation, str):
-        return [{"role": "user", "content": observation}]
-    messages = [observation] if isinstance(observation, dict) else observation
-    if not isinstance(messages, (list, tuple)):
-        raise ValueError(f"{_OBSERVATION}; got {_short(observation)}")
-    for m in messages:
-        # Content may also be a list of parts (the multimodal chat format).
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), (str, list))):
-            raise ValueError(f"{_OBSERVATION}; got {_short(m)}")
-    return list(messages)
-
-
-def observation_text(observation: Any) -> str:
-    """What the environment said, as plain text (for logs and :class:`Step`). Never raises: a
-    final observation nobody reads may be anything (None, a number)."""
-    try:
-        return "\n".join(str(m["content"]) for m in _messages(observation))
-    except ValueError:
-        return str(observation)
+    def tasks(self, split: str, train_seeds: int = 1000, eval_seed_start: int = 1_000_000,
+              eval_seeds: int = 1000) -> list[Task]:
+        """The env's tasks of ``split``, or seed tasks when it has no ``tasks()`` (see envs.contract)."""
+        return env_tasks(self._envs[0] if self._envs else self._factory(), split, train_seeds, eval_seed_start,
+                         eval_seeds)
 
 
 def encode_prompt(tokenizer, observation: Any, tools: list[dict[str, Any]] | None = None) -> list[int]:
@@ -127,7 +79,7 @@ def encode_prompt(tokenizer, observation: Any, tools: list[dict[str, Any]] | Non
     templates without tool support ignore them, so tool environments also describe their tools
     in the conversation itself.
     """
-    text = tokenizer.apply_chat_template(_messages(observation), tools=tools or None, add_generation_prompt=True,
+    text = tokenizer.apply_chat_template(as_messages(observation), tools=tools or None, add_generation_prompt=True,
                                          tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)
 
@@ -145,7 +97,7 @@ def observation_delta(tokenizer, observation: Any, sampled_eos: bool) -> list[in
     token limit) the whole end-of-turn text is added as environment tokens.
     """
     base = tokenizer.apply_chat_template(_PROBE, tokenize=False)
-    full = tokenizer.apply_chat_template(_PROBE + _messages(observation), add_generation_prompt=True, tokenize=False)
+    full = tokenizer.apply_chat_template(_PROBE + as_messages(observation), add_generation_prompt=True, tokenize=False)
     if not full.startswith(base):
         raise ValueError("the chat template re-renders earlier turns when the conversation grows; "
                          "multi-turn token-in/token-out needs a template that only appends")
@@ -163,9 +115,9 @@ class EpisodesFailed(RuntimeError):
 def raise_if_all_failed(trajectories: list[Trajectory], what: str) -> None:
     """:class:`EpisodesFailed` when there were episodes and every one ended with an error."""
     if trajectories and all(t.error is not None for t in trajectories):
-        kinds = sorted({t.error.split(":", 1)[0] for t in trajectories})
-        raise EpisodesFailed(f"every {what} episode failed ({len(trajectories)} of {len(trajectories)}, in "
-                             f"{'/'.join(kinds)}); the first: {' '.join(trajectories[0].error.split())[:300]}")
+        kinds = sorted({t.error_kind or "error" for t in trajectories})
+        raise EpisodesFailed(f"every {what} episode failed ({len(trajectories)} of {len(trajectories)}: "
+                             f"{', '.join(kinds)}); the first: {' '.join(trajectories[0].error.split())[:300]}")
 
 
 class _Episode:
@@ -180,8 +132,10 @@ class _Episode:
     def context(self) -> list[int]:
         return self.traj.prompt_ids + self.traj.completion_ids
 
-    def fail(self, where: str, error: BaseException) -> None:
+    def fail(self, where: str, error: BaseException, kind: str | None = None) -> None:
         self.traj.error = f"{where}: {type(error).__name__}: {error}"
+        self.traj.error_kind = kind or ("timeout" if isinstance(error, TimeoutError) else
+                                        "bad_observation" if isinstance(error, EnvError) else where)
         self.traj.reward = 0.0
         self.traj.finish_reason = "error"
         self.done = True
@@ -237,13 +191,16 @@ def run_episodes(
     max_turns: int = 1,
     max_context: int = 4096,
     step_timeout: float = 60.0,
+    success_reward: float = 1.0,
 ) -> list[Trajectory]:
     """``num_samples`` trajectories per task, grouped by task, over up to ``max_turns`` turns.
 
     Environments are reset and stepped concurrently; one that raises or takes longer than
     ``step_timeout`` seconds ends its trajectory with an error (and is replaced in the pool).
-    The context is ``max_context`` tokens, or less where the model has fewer positions than
-    that plus ``params.max_new_tokens``.
+    An episode whose env gives no verdict (``info["correct"]``) is solved when its return reaches
+    ``success_reward``; that verdict is recorded in the last step's info. The context is
+    ``max_context`` tokens, or less where the model has fewer positions than that plus
+    ``params.max_new_tokens``.
     """
     positions = getattr(backend, "max_positions", None)
     if positions:
@@ -252,7 +209,7 @@ def run_episodes(
                 zip(envs.take(len(tasks) * num_samples), [t for t in tasks for _ in range(num_samples)])]
     for ep in episodes:
         if isinstance(ep.env, Exception):
-            ep.fail("env", ep.env)  # its instance could not be built
+            ep.fail("make_env", ep.env, kind="make_env")  # its instance could not be built
     _reset_all(envs, [ep for ep in episodes if not ep.done], tokenizer, max_context, step_timeout)
     for turn in range(max_turns):
         live = [ep for ep in episodes if not ep.done]
@@ -272,12 +229,16 @@ def run_episodes(
                     envs.replace(ep.env)
                 continue
             _after_step(ep, gen, text, value, tokenizer, last_turn=turn == max_turns - 1, max_context=max_context)
+    for ep in episodes:
+        steps = ep.traj.steps
+        if steps and ep.traj.error is None and all(success(s.info) is None for s in steps):
+            steps[-1].info["correct"] = ep.traj.reward >= success_reward
     return [ep.traj for ep in episodes]
 
 
 def _reset_all(envs: EnvPool, episodes: list[_Episode], tokenizer, max_context: int, timeout: float) -> None:
     """Reset every episode's environment on its task and encode its first prompt."""
-    resets = _call_all([lambda ep=ep: ep.env.reset(options={"task": ep.traj.task}) for ep in episodes], timeout)
+    resets = _call_all([lambda ep=ep: reset_episode(ep.env, ep.traj.task) for ep in episodes], timeout)
     for ep, (ok, value) in zip(episodes, resets):
         try:
             if not ok:
@@ -286,24 +247,28 @@ def _reset_all(envs: EnvPool, episodes: list[_Episode], tokenizer, max_context: 
             _refuse_surely_too_long(tokenizer, observation, max_context)
             prompt = encode_prompt(tokenizer, observation, (info or {}).get("tools"))
             if len(prompt) >= max_context:
-                raise ValueError(f"the first prompt is {len(prompt)} tokens, more than the {max_context} the context "
-                                 "holds (rollout.max_context_tokens, less the turn's max_new_tokens where the model's "
-                                 "positions end first)")
+                raise _TooLong(f"the first prompt is {len(prompt)} tokens, more than the {max_context} the context "
+                               "holds (rollout.max_context_tokens, less the turn's max_new_tokens where the model's "
+                               "positions end first)")
             ep.traj.prompt_ids = prompt
         except Exception as e:  # noqa: BLE001 - a failing environment is data, not a crash
-            ep.fail("reset", e)
+            ep.fail("reset", e, kind="too_long" if isinstance(e, _TooLong) else None)
             if isinstance(e, TimeoutError):
                 envs.replace(ep.env)
 
 
+class _TooLong(ValueError):
+    """An observation that does not fit in the context."""
+
+
 def _refuse_surely_too_long(tokenizer, observation: Any, room: int) -> None:
-    """ValueError for an observation with more characters than ``room`` tokens can hold even at the
-    vocabulary's longest token, decided without tokenizing it (a 1 MB text takes seconds to encode)."""
-    chars = sum(len(str(m["content"])) for m in _messages(observation))
+    """:class:`_TooLong` for an observation with more characters than ``room`` tokens can hold even at
+    the vocabulary's longest token, decided without tokenizing it (a 1 MB text takes seconds to encode)."""
+    chars = sum(len(m["content"]) for m in as_messages(observation))
     longest = _longest_token(tokenizer)
     if chars > room * longest:
-        raise ValueError(f"the observation is {chars} characters: more than {max(room, 0)} tokens of at most "
-                         f"{longest} characters each, the room left in the context (rollout.max_context_tokens)")
+        raise _TooLong(f"the observation is {chars} characters: more than {max(room, 0)} tokens of at most "
+                       f"{longest} characters each, the room left in the context (rollout.max_context_tokens)")
 
 
 _LONGEST_TOKEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -325,28 +290,22 @@ def _append_turn(ep: _Episode, gen: Generation, tokenizer) -> str:
     return tokenizer.decode(gen.token_ids, skip_special_tokens=True)
 
 
-def _checked_step(text: str, result: Any) -> tuple[Step, Any]:
-    """The :class:`Step` an environment's ``step()`` result describes, and its observation;
-    ValueError naming what is out of contract."""
-    try:
-        observation, reward, terminated, truncated, info = result
-        step = Step(text, observation_text(observation), float(reward), bool(terminated), bool(truncated), dict(info))
-    except Exception as e:  # noqa: BLE001 - whatever the env returned, its episode fails, not the run
-        raise ValueError(f"step() must return (observation, reward, terminated, truncated, info): "
-                         f"{type(e).__name__}: {e}") from None
-    if not math.isfinite(step.reward):
-        raise ValueError(f"step() returned reward {step.reward}, expected a finite number")
-    return step, observation
-
-
 def _after_step(ep: _Episode, gen: Generation, text: str, result: tuple, tokenizer, last_turn: bool,
                 max_context: int) -> None:
     """Record the environment's answer; append its observation if the episode goes on."""
     traj = ep.traj
     try:
-        step, observation = _checked_step(text, result)
-    except ValueError as e:
+        observation, reward, terminated, truncated, info = result
+        step = Step(text, observation_text(observation), float(reward), bool(terminated), bool(truncated), dict(info))
+    except EnvError as e:
         ep.fail("step", e)
+        return
+    except Exception as e:  # noqa: BLE001 - whatever the env returned, its episode fails, not the run
+        ep.fail("bad_return", ValueError(f"step() must return (observation, reward, terminated, truncated, info): "
+                                         f"{type(e).__name__}: {e}"))
+        return
+    if not math.isfinite(step.reward):
+        ep.fail("bad_return", ValueError(f"step() returned reward {step.reward}, expected a finite number"))
         return
     traj.steps.append(step)
     traj.reward += step.reward  # the episode's return
@@ -361,7 +320,10 @@ def _after_step(ep: _Episode, gen: Generation, text: str, result: tuple, tokeniz
     try:
         _refuse_surely_too_long(tokenizer, observation, max_context - len(ep.context))
         delta = observation_delta(tokenizer, observation, sampled_eos)
-    except Exception as e:  # noqa: BLE001 - an observation out of contract, or one the chat template rejects
+    except _TooLong as e:
+        ep.fail("step", e, kind="too_long")
+        return
+    except Exception as e:  # noqa: BLE001 - an observation the chat template rejects
         ep.fail("step", e)
         return
     if len(ep.context) + len(delta) >= max_context:
