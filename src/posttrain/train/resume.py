@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from posttrain.config import ConfigError, RunConfig
 from posttrain.data.store import SCHEMA, TrajectoryStore, _fsync_dir
+from posttrain.train.checkpoint import recover_checkpoints
 
 # Dotted keys (or prefixes ending in ".") that a resumed run may change.
 MAY_CHANGE = ("train.steps", "train.checkpoint_every", "eval.", "logging.", "store.write", "store.path",
@@ -45,8 +46,12 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 def changed_field(saved: dict[str, Any], cfg: RunConfig) -> tuple[str, Any, Any] | None:
     """The first field that changes the run, as (key, checkpoint's value, this config's value)."""
     old, new = flatten(saved), flatten(cfg.model_dump(mode="json"))
+    # A decaying learning rate is laid out over train.steps, so then the step budget is part of the run.
+    fixed_length = old.get("train.lr_schedule", "constant") != "constant"
     for key in sorted(set(old) | set(new)):
-        if any(key == p or (p.endswith(".") and key.startswith(p)) for p in MAY_CHANGE):
+        if key == "train.steps" and fixed_length:
+            pass
+        elif any(key == p or (p.endswith(".") and key.startswith(p)) for p in MAY_CHANGE):
             continue
         if old.get(key) != new.get(key):
             return key, old.get(key), new.get(key)
@@ -54,7 +59,8 @@ def changed_field(saved: dict[str, Any], cfg: RunConfig) -> tuple[str, Any, Any]
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
-    """The newest complete checkpoint (half-written ones keep a ``.tmp`` name and are never listed)."""
+    """The newest complete checkpoint (half-written ones keep a hidden ``.tmp`` name and are never listed)."""
+    recover_checkpoints(run_dir)  # a replacement a crash interrupted is finished first
     done = [p for p in (run_dir / "checkpoints").glob("step-*")
             if p.is_dir() and not p.name.endswith(".tmp") and (p / "trainer_state.pt").is_file()
             and (p / "config.json").is_file()]
