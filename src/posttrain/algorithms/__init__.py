@@ -45,6 +45,7 @@ from posttrain.algorithms.normalization import (
     normalize_rewards,
     whiten,
 )
+from posttrain.algorithms.off_policy import logprob_mismatch, truncated_importance_weights
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
     "grpo": group_relative_advantages,
@@ -76,6 +77,7 @@ __all__ = [
     "gspo_loss",
     "k3_kl",
     "kl_estimate",
+    "logprob_mismatch",
     "masked_mean_std",
     "normalize_rewards",
     "outcome_token_rewards",
@@ -83,6 +85,7 @@ __all__ = [
     "reinforce_pp_advantages",
     "reinforce_pp_returns",
     "rloo_advantages",
+    "truncated_importance_weights",
     "value_loss",
     "whiten",
     "zero_variance_groups",

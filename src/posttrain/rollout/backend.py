@@ -1,4 +1,4 @@
-"""The interface every generation engine implements (HF on CPU today, vLLM on GPUs later)."""
+"""The interface every generation engine implements: posttrain's HF decode loop and vLLM."""
 
 from __future__ import annotations
 
@@ -38,4 +38,9 @@ class GenerationBackend(Protocol):
         Returns ``len(prompts) * num_samples`` generations, grouped by prompt: the samples of
         prompt i are at ``i * num_samples ... (i + 1) * num_samples - 1``.
         """
+        ...
+
+    def sync_weights(self) -> None:
+        """Generate from the policy's current weights from now on; the trainer calls it after
+        every optimiser update. A no-op for a backend that shares the policy's model."""
         ...
