@@ -3,13 +3,10 @@
 import pytest
 import torch
 
-from posttrain.algorithms.objective import loss as algorithm_loss
-from posttrain.algorithms.objective import token_advantages
+from posttrain.algorithms import Normaliser
 from posttrain.config import ConfigError, ModelSection, load_config
-from posttrain.envs.arithmetic import ArithmeticEnv
-from posttrain.models import Policy
 from posttrain.models.device import autocast_dtype, resolve_device, uses_packed_weights
-from posttrain.rollout import EnvPool, SamplingParams, make_backend, run_episodes
+from posttrain.train import Trainer
 from posttrain.types import Batch
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -47,34 +44,27 @@ def _tensors(batch: Batch) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
-def test_batch_advantages_and_losses_live_on_the_policys_device(device, algorithm):
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo", "reinforce_pp"])
+def test_batch_advantages_and_losses_live_on_the_policys_device(device, algorithm, tmp_path):
+    """The trainer's own pieces, step by step: sample, batch, prepare (advantages, old logprobs,
+    values, KL), loss and gradients; every tensor on the policy's device."""
     cfg = load_config(None, ["model.name=tiny-random", f"model.device={device}", f"algorithm.name={algorithm}",
-                             "algorithm.group_size=4"])
-    policy = Policy.load(cfg.model)
-    assert next(policy.model.parameters()).device.type == device
-    backend = make_backend(cfg, policy)
-    tasks = ArithmeticEnv().tasks("train")[:2]
-    trajectories = run_episodes(EnvPool(ArithmeticEnv), backend, policy.tokenizer, tasks,
-                                SamplingParams(max_new_tokens=8), num_samples=4)
-    batch = Batch.from_trajectories(trajectories, policy.pad_id, policy.device)
-    rewards = torch.tensor([float(i % 2) for i in range(len(trajectories))], device=policy.device)
-    outputs = policy.forward(batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths)
-    if algorithm == "ppo":
-        from posttrain.models.value import Critic
-
-        critic = Critic(policy.model, "head")
-        batch.old_values = critic.values(batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths)
-        outputs = policy.forward(batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths,
-                                 value_head=critic.head)
-    batch.old_logprobs = outputs.logprobs.detach()
-    batch.advantages, batch.returns = token_advantages(cfg.algorithm, rewards, batch.loss_mask,
-                                                       values=batch.old_values)
-    loss, stats = algorithm_loss(cfg.algorithm, outputs, batch, beta=0.0, total_tokens=float(batch.loss_mask.sum()),
-                                 total_sequences=float(len(batch)), max_new_tokens=8)
-    loss.backward()
-    placed = {**_tensors(batch), "loss": loss, **stats, **{f"outputs.{k}": v for k, v in outputs._asdict().items()
-                                                             if v is not None}}
+                             "algorithm.group_size=4", "train.tasks_per_step=2", "rollout.max_new_tokens=8",
+                             "algorithm.beta=0.04", f"output_dir={tmp_path}"])
+    trainer = Trainer(cfg)
+    assert next(trainer.policy.model.parameters()).device.type == device
+    trajectories, rewards, _ = trainer.sample()
+    batch = trainer.batch(trajectories)
+    rewards = rewards + torch.arange(len(rewards), device=rewards.device) % 2  # some signal in every group
+    trainer.algorithm.prepare(batch, rewards, [t.step_rewards for t in trajectories], trainer,
+                              trainer.behaviour_logprobs(batch, trajectories))
+    with trainer._training_mode():
+        outputs = trainer._forward(batch)
+        result = trainer.algorithm.loss(outputs, batch, Normaliser(float(batch.loss_mask.sum()), float(len(batch))))
+        result.loss.backward()
+    placed = {"rewards": rewards, **_tensors(batch), "loss": result.loss,
+              **{f"outputs.{k}": v for k, v in outputs._asdict().items() if v is not None}}
     assert {name: t.device.type for name, t in placed.items()} == {name: device for name in placed}
-    assert all(p.grad.device.type == device for p in policy.trainable_parameters() if p.grad is not None)
-
+    assert batch.advantages.abs().sum() > 0 and batch.ref_logprobs is not None
+    params = trainer.policy.trainable_parameters() + (list(trainer.critic.parameters()) if trainer.critic else [])
+    assert all(p.grad.device.type == device for p in params if p.grad is not None)

@@ -6,6 +6,8 @@ vLLM's CPU attention supports head sizes from 32 up, so these tests use a small 
 """
 
 import importlib.util
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -28,6 +30,17 @@ def test_vllm_backend_without_vllm_names_the_extra():
     with pytest.raises(BackendUnavailable, match=r"rollout.backend=vllm needs vLLM, which is not installed: "
                                                  r"pip install 'posttrain\[vllm\]'"):
         check_backend(load_config(None, ["rollout.backend=vllm"]))
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
+def test_cli_exits_2_with_one_line(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("model:\n  name: tiny-random\nrollout:\n  backend: vllm\n")
+    proc = subprocess.run([sys.executable, "-m", "posttrain.cli", "train", str(cfg)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "posttrain[vllm]" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
 
 
 @pytest.fixture(scope="module")

@@ -54,6 +54,7 @@ class Trajectory:
     process signal, with the outcome in the last).
     ``error`` is set when the episode failed for a reason other than the agent's answer
     (an environment exception, a timeout); such trajectories get zero reward and still count.
+    ``error_kind`` says which failure it was (see ``posttrain.envs.contract.ErrorKind``).
     """
 
     task: Task
@@ -64,6 +65,7 @@ class Trajectory:
     steps: list[Step] = field(default_factory=list)
     reward: float = 0.0
     error: str | None = None
+    error_kind: str | None = None
     finish_reason: str = "stop"
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -86,8 +88,9 @@ class Trajectory:
 
     @property
     def correct(self) -> bool:
-        """True when the environment said the episode was solved (``info['correct']``)."""
-        return any(bool(s.info.get("correct")) for s in self.steps)
+        """True when the environment said the episode was solved (``info['correct']`` or
+        ``info['is_success']``; see ``posttrain.envs.contract.StepInfo``)."""
+        return any(bool(s.info.get("correct") or s.info.get("is_success")) for s in self.steps)
 
 
 @dataclass
@@ -108,6 +111,7 @@ class Batch:
     ref_logprobs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    importance_weights: torch.Tensor | None = None  # per-token loss weights (TIS), when another engine sampled
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -129,6 +133,7 @@ class Batch:
             ref_logprobs=take(self.ref_logprobs),
             old_values=take(self.old_values),
             returns=take(self.returns),
+            importance_weights=take(self.importance_weights),
         )
 
     @property
@@ -162,3 +167,32 @@ class Batch:
         batch = Batch(input_ids=input_ids, attention_mask=attention, loss_mask=mask,
                       advantages=torch.zeros_like(mask), prompt_lengths=prompt_lengths)
         return batch if device is None else batch.to(device)
+
+
+@dataclass
+class AgentOutcome:
+    """How one seat of a multi-agent episode ended.
+
+    ``player`` names who played the seat ("policy", an adapter, "random", "scripted", a pool
+    checkpoint); ``outcome`` is "win", "draw" or "loss" for games with a winner and None for
+    cooperative ones; ``payoff`` is the game's score for the seat (chips, deal value, tests
+    passed), ``reward`` its return (the payoff minus invalid-move penalties).
+    """
+
+    role: str
+    player: str
+    reward: float
+    payoff: float
+    outcome: str | None
+    invalid_moves: int
+    turns: int
+
+
+@dataclass
+class GameResult:
+    """One multi-agent episode: every seat's outcome, and a trajectory per language-model seat."""
+
+    task: Task
+    outcomes: dict[str, AgentOutcome]
+    trajectories: dict[str, Trajectory]
+    error: str | None = None

@@ -30,6 +30,10 @@ class Generation:
 
 
 class GenerationBackend(Protocol):
+    same_logprobs_as_trainer: bool
+    """True when the backend's logprobs are the trainer's own computation (it runs the policy's
+    model), so they can stand in for the old policy's; False for an engine with its own kernels."""
+
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, num_samples: int = 1
     ) -> list[Generation]:

@@ -26,6 +26,8 @@ from posttrain.rollout.sampling import sample_next
 class HFBackend:
     """Generate with ``model`` (shared with the trainer, so it always has the latest weights)."""
 
+    same_logprobs_as_trainer = True
+
     def __init__(self, model, tokenizer, batch_size: int = 64, seed: int = 0, pack_weights: bool = True):
         self.model = model
         self.tokenizer = tokenizer

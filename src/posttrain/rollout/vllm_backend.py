@@ -59,6 +59,8 @@ def _colocated_cpu_engine():
 class VLLMBackend:
     """A :class:`~posttrain.rollout.backend.GenerationBackend` on a vLLM engine for ``model``."""
 
+    same_logprobs_as_trainer = False
+
     def __init__(self, model, tokenizer, cfg: VllmSection, *, batch_size: int = 64, max_model_len: int = 4096,
                  seed: int = 0):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
