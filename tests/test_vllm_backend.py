@@ -170,3 +170,28 @@ def test_lora_adapters_are_merged_into_the_engines_weights(model_dir):
     after = [g.token_ids for g in vllm_backend.generate(prompts, GREEDY)]
     assert after != before and after == [g.token_ids for g in hf_backend.generate(prompts, GREEDY)]
     del vllm_backend
+
+
+@needs_vllm
+def test_grpo_trains_with_the_vllm_backend(model_dir, tmp_path):
+    """The trainer on vLLM: every step logs the sampler/trainer gap and its TIS weights, and the
+    engine is given the new weights after each update (its greedy output is the HF backend's)."""
+    from posttrain.train import Trainer
+
+    cfg = load_config(None, [f"model.name={model_dir}", "model.device=cpu", "rollout.backend=vllm",
+                             "rollout.vllm.kv_cache_gb=0.25", "rollout.vllm.max_model_len=512", "env.id=arithmetic",
+                             "algorithm.group_size=4", "train.tasks_per_step=2", "rollout.max_new_tokens=8",
+                             "train.learning_rate=1e-2", "eval.num_tasks=4", "eval.max_new_tokens=8",
+                             f"output_dir={tmp_path}"])
+    trainer = Trainer(cfg)
+    prompts = _prompts(trainer.policy.tokenizer, 3)
+    before = [g.token_ids for g in trainer.ctx.backend.generate(prompts, GREEDY)]
+    steps = [trainer.train_step() for _ in range(2)]
+    for m in steps:
+        assert 0 <= m["logprob_mismatch"] < 1e-3  # float32 on both sides: rounding only
+        assert 0 < m["tis_weight_mean"] <= cfg.algorithm.tis_cap
+    after = [g.token_ids for g in trainer.ctx.backend.generate(prompts, GREEDY)]
+    hf = HFBackend(trainer.policy.model, trainer.policy.tokenizer, pack_weights=False)
+    assert after == [g.token_ids for g in hf.generate(prompts, GREEDY)]
+    if any(m["optimizer_steps"] for m in steps):
+        assert after != before
