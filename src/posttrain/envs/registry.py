@@ -98,3 +98,15 @@ register(
     "Write a Python function; reward = share of its unit tests passed in the sandbox (source: generated, "
     "humaneval or a JSONL path; max_attempts > 1 shows failing tests and lets the agent revise)",
 )
+register(
+    "miniwob",
+    "posttrain.envs.web.miniwob:MiniWoBEnv",
+    "MiniWoB++ web tasks in Chromium (Playwright): accessibility-tree text in, BrowserGym actions out; "
+    "tier easy (default), medium, hard or all, or a list of tasks",
+)
+register(
+    "web_shop",
+    "posttrain.envs.web.shop.env:WebShopEnv",
+    "Buy what the instruction asks on a generated shop site in Chromium (search, product options, cart, "
+    "checkout); reward = attribute match of the purchase, progress rewards on the way",
+)
