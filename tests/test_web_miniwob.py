@@ -218,3 +218,32 @@ def test_rollout_from_worker_threads(tiny_model, tokenizer, env):
     finally:
         for e in pool.take(4):
             e.close()
+
+
+def test_concurrent_resets_share_one_browser():
+    """Envs reset together (as the rollout does) open their episodes in one browser, not one each."""
+    import threading
+
+    host = BrowserHost(recycle_every=100)
+    envs = [MiniWoBEnv(tasks=["click-test"]) for _ in range(6)]
+    for e in envs:
+        e._host = host
+    observations = [None] * len(envs)
+
+    def reset(i: int) -> None:
+        observations[i], _ = envs[i].reset(options={"task": envs[i].tasks("eval")[i]})
+
+    threads = [threading.Thread(target=reset, args=(i,)) for i in range(len(envs))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert all(o and "Click Me!" in o for o in observations)
+        assert host.launches == 1
+    finally:
+        for e in envs:
+            e._end_episode()
+            e._host = None
+            e.close()
+        host.close()

@@ -112,7 +112,7 @@ def same_site(url: str, site: str) -> bool:
     return (a.scheme, a.netloc) == (b.scheme, b.netloc)
 
 
-async def run_action(page: Page, action: Action, site: str, timeout_s: float = 1.0) -> None:
+async def run_action(page: Page, action: Action, site: str, timeout_s: float = 1.0, load_timeout_s: float = 20.0) -> None:
     """Perform ``action`` on ``page``; ActionError (for the agent) when it cannot be done.
 
     ``send_msg_to_user`` does nothing here: the environment reads the message.
@@ -134,12 +134,12 @@ async def run_action(page: Page, action: Action, site: str, timeout_s: float = 1
         elif name == "scroll":
             await page.mouse.wheel(args[0], args[1])
         elif name == "go_back":
-            await page.go_back(timeout=ms * 5)
+            await page.go_back(timeout=load_timeout_s * 1000)
         elif name == "goto":
             target = urljoin(page.url if page.url.startswith("http") else site, args[0])
             if not same_site(target, site):
                 raise ActionError(f"goto: {args[0]!r} is outside the site ({site}); only its own pages can be opened")
-            await page.goto(target, timeout=ms * 5)
+            await page.goto(target, timeout=load_timeout_s * 1000)
     except ActionError:
         raise
     except Exception as e:  # noqa: BLE001 - Playwright's errors (timeouts, wrong element kind) go to the agent

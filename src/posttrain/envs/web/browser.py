@@ -81,7 +81,8 @@ def browser_memory_mb(root: int | None = None) -> tuple[float, float]:
 class BrowserHost:
     """A Chromium and the thread that owns it; hands out one browser context per episode."""
 
-    def __init__(self, executable: str | None = None, recycle_every: int = 50, launch_timeout: float = 30.0):
+    def __init__(self, executable: str | None = None, recycle_every: int = 50, launch_timeout: float = 30.0,
+                 max_opening: int = 4):
         if recycle_every < 1:
             raise ValueError(f"recycle_every must be at least 1, got {recycle_every}")
         self.executable = find_chromium(executable)
@@ -93,6 +94,10 @@ class BrowserHost:
         self._browser: Browser | None = None
         self._episodes = 0  # contexts opened on the current browser
         self._open: dict[Browser, set[BrowserContext]] = {}
+        self._switching = asyncio.Lock()
+        # Episodes opening their first page at once (a rollout resets all its envs together) share
+        # the CPU: a few at a time, so that each page load finishes within its own timeout.
+        self.opening = asyncio.Semaphore(max_opening)
         self._loop = asyncio.new_event_loop()
         self._closed = False
         self._thread = threading.Thread(target=self._loop.run_forever, name="posttrain-browser", daemon=True)
@@ -113,13 +118,16 @@ class BrowserHost:
 
     async def new_context(self, **options: Any) -> BrowserContext:
         """A fresh context (cookies, storage, pages of its own) on a live, not-yet-due browser."""
-        if self._browser is None or not self._browser.is_connected() or self._episodes >= self.recycle_every:
-            await self._retire()
-            self._browser = await self._launch()
-            self._episodes = 0
-        self._episodes += 1
-        context = await self._browser.new_context(**options)
-        self._open[self._browser].add(context)
+        async with self._switching:  # concurrent resets must not each launch a browser
+            if self._browser is None or not self._browser.is_connected() or self._episodes >= self.recycle_every:
+                await self._retire()
+                self._browser = await self._launch()
+                self._episodes = 0
+            self._episodes += 1
+            browser = self._browser
+        context = await browser.new_context(**options)
+        if browser in self._open:
+            self._open[browser].add(context)
         return context
 
     async def close_context(self, context: BrowserContext) -> None:

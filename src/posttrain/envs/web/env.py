@@ -43,7 +43,8 @@ class WebEnv(gym.Env):
 
     metadata: dict[str, Any] = {"render_modes": []}
 
-    def __init__(self, max_steps: int = 10, action_timeout: float = 1.0, call_timeout: float = 30.0,
+    def __init__(self, max_steps: int = 10, action_timeout: float = 1.0, load_timeout: float = 20.0,
+                 call_timeout: float = 120.0,
                  screenshot_dir: str | None = None, recycle_every: int = 50, chromium: str | None = None,
                  max_tree_chars: int = 8000, viewport: tuple[int, int] = (800, 600)):
         if max_steps < 1:
@@ -54,6 +55,7 @@ class WebEnv(gym.Env):
         self.action_space = Text(max_length=MAX_TEXT, min_length=0, charset=CHARSET)
         self.max_steps = max_steps
         self.action_timeout = action_timeout
+        self.load_timeout = load_timeout  # page loads: generous, a busy machine takes seconds
         self.call_timeout = call_timeout
         self.screenshot_dir = screenshot_dir
         self.recycle_every = recycle_every
@@ -142,24 +144,25 @@ class WebEnv(gym.Env):
     # ------------------------------------------------------------ on the browser's thread
 
     async def _open(self, task: Task) -> tuple[str, dict[str, Any]]:
-        self._context = await self._host.new_context(viewport=self.viewport)
-        self._context.set_default_timeout(self.action_timeout * 1000)
-        self._context.set_default_navigation_timeout(self.action_timeout * 5000)
-        self._page = await self._context.new_page()
-        self.goal = await self._start(self._page, task)
-        info: dict[str, Any] = {"goal": self.goal}
-        await self._shoot(info)
-        return await self._observe(""), info
+        async with self._host.opening:
+            self._context = await self._host.new_context(viewport=self.viewport)
+            self._context.set_default_timeout(self.action_timeout * 1000)
+            self._context.set_default_navigation_timeout(self.load_timeout * 1000)
+            self._page = await self._context.new_page()
+            self.goal = await self._start(self._page, task)
+            info: dict[str, Any] = {"goal": self.goal}
+            await self._shoot(info)
+            return await self._observe(""), info
 
     async def _act(self, action: Action | None, error: str) -> tuple[str, float, bool, dict[str, Any]]:
         page = self._page
         if action is not None and action.name != "send_msg_to_user":
             try:
-                await run_action(page, action, self.site, self.action_timeout)
+                await run_action(page, action, self.site, self.action_timeout, self.load_timeout)
             except ActionError as e:
                 error = str(e)
             try:
-                await page.wait_for_load_state("domcontentloaded", timeout=self.action_timeout * 5000)
+                await page.wait_for_load_state("domcontentloaded", timeout=self.load_timeout * 1000)
             except Exception:  # noqa: BLE001 - a slow page is observed as it is
                 pass
         reward, terminated, info = await self._outcome(page, None if error else action)

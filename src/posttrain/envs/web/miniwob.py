@@ -106,7 +106,7 @@ class MiniWoBEnv(WebEnv):
         await page.goto(f"{self.site}miniwob/{task.metadata['task']}.html", wait_until="load")
         await page.add_style_tag(content=_HIDE_CSS)
         await page.wait_for_function("typeof WOB_TASK_READY === 'undefined' || WOB_TASK_READY === true",
-                                     timeout=self.action_timeout * 10000)
+                                     timeout=self.load_timeout * 1000)
         return await page.evaluate(_START_JS, int(task.metadata["seed"]))
 
     async def _outcome(self, page: Page, action: Action | None) -> tuple[float, bool, dict[str, Any]]:
