@@ -25,6 +25,8 @@ from rich.table import Table
 from posttrain.config import load_config
 from posttrain.train import Trainer
 
+from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = ["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo"]
 
@@ -35,7 +37,6 @@ def run(name: str, steps: int, out_dir: Path, evaluate_before: bool) -> dict:
         f"eval.before_training={str(evaluate_before).lower()}", f"output_dir={out_dir / name}",
     ])
     torch.manual_seed(cfg.seed)
-    trainer = Trainer(cfg)
     samples = 0
 
     def count(phase: str, done: int, total: int, info: dict) -> None:
@@ -43,7 +44,7 @@ def run(name: str, steps: int, out_dir: Path, evaluate_before: bool) -> dict:
         if phase == "train":
             samples += int(info["samples"])
 
-    trainer.progress = count
+    trainer = Trainer(cfg, progress=count)
     start = time.time()
     result = trainer.train()
     return {
@@ -57,6 +58,7 @@ def run(name: str, steps: int, out_dir: Path, evaluate_before: bool) -> dict:
 
 
 def main() -> None:
+    print(describe(), flush=True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))

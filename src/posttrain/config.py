@@ -75,6 +75,25 @@ class EnvSection(_Section):
     step_timeout: float = Field(
         60.0, gt=0.0, description="Seconds a reset() or step() may take; past it the episode ends with an error."
     )
+    train_seeds: int = Field(
+        1000, gt=0, description="Envs without tasks(): training tasks are the reset seeds 0 .. train_seeds - 1 "
+        "(the G samples of a group share one seed)."
+    )
+    eval_seed_start: int = Field(
+        1_000_000, ge=0, description="Envs without tasks(): held-out tasks are the reset seeds from this one on "
+        "(disjoint from the training seeds; eval.num_tasks of them are used)."
+    )
+    success_reward: float = Field(
+        1.0, description="An episode whose env reports no verdict (info['correct'] or info['is_success']) counts "
+        "as solved when its return reaches this."
+    )
+
+    @model_validator(mode="after")
+    def _disjoint_seeds(self) -> "EnvSection":
+        if self.eval_seed_start < self.train_seeds:
+            raise ValueError(f"env.eval_seed_start ({self.eval_seed_start}) must be at least env.train_seeds "
+                             f"({self.train_seeds}) so that held-out seeds are never trained on")
+        return self
 
 
 AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "ppo"]
@@ -229,6 +248,12 @@ class TrainSection(_Section):
     learning_rate: float = Field(1e-5, gt=0.0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in optimiser steps.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Learning rate after warm-up: constant, or decayed linearly or along a cosine to "
+        "train.min_lr_ratio x the peak at the last planned optimiser step."
+    )
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="With a decaying train.lr_schedule: the final "
+                                "learning rate as a fraction of train.learning_rate.")
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     checkpoint_every: int = Field(
         0, ge=0, description="Save a checkpoint every N steps (0: only at the end)."
