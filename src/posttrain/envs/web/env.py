@@ -129,8 +129,10 @@ class WebEnv(gym.Env):
             self._end_episode()
             raise
         truncated = not terminated and self.steps >= self.max_steps
-        info = {"action": None if parsed is None else parsed.name, "last_action_error": error or info.pop("error", ""),
-                "steps": self.steps, **info}
+        page_error = info.pop("error", "")
+        error = error or page_error
+        info = {"action": None if parsed is None else parsed.name, "last_action_error": error, "steps": self.steps,
+                "metrics": {"web_actions": 1.0, "web_action_errors": float(bool(error))}, **info}
         if terminated or truncated:
             self._end_episode()
         return text, float(reward), bool(terminated), bool(truncated), info
