@@ -69,6 +69,7 @@ class VLLMBackend:
 
         self.model = model
         self.eos_ids = eos_token_ids(model, tokenizer)
+        self.max_positions = cfg.max_model_len or max_model_len  # the episode loop keeps within the engine's limit
         device = next(model.parameters()).device
         on_cpu = device.type == "cpu"
         dtype = cfg.dtype
@@ -79,7 +80,7 @@ class VLLMBackend:
         with _colocated_cpu_engine() if on_cpu else nullcontext():
             self.llm = LLM(
                 model=model_path(model), dtype=dtype, seed=seed, enforce_eager=cfg.enforce_eager,
-                max_model_len=cfg.max_model_len or max_model_len, max_num_seqs=batch_size,
+                max_model_len=self.max_positions, max_num_seqs=batch_size,
                 enable_prefix_caching=True, worker_extension_cls=WORKER_EXTENSION,
                 # Log-probabilities of the distribution the token was drawn from (after temperature).
                 logprobs_mode="processed_logprobs", disable_log_stats=True, **memory,
