@@ -15,7 +15,7 @@ from typing import Any
 from posttrain.config import EvalSection, RolloutSection
 from posttrain.eval.pass_at_k import mean_pass_at_k
 from posttrain.rollout.backend import GenerationBackend, SamplingParams
-from posttrain.rollout.episodes import EnvPool, run_episodes
+from posttrain.rollout.episodes import EnvPool, EpisodesFailed, run_episodes
 from posttrain.types import Task, Trajectory
 
 
@@ -40,6 +40,13 @@ class Score:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.metrics(), "num_tasks": self.num_tasks, "episodes": self.episodes, "errors": self.errors}
+
+    def raise_if_all_failed(self, when: str) -> None:
+        """:class:`EpisodesFailed` when every held-out episode failed: nothing was measured."""
+        if self.samples and self.errors == len(self.samples):
+            first = next(s["error"] for s in self.samples if s["error"])
+            raise EpisodesFailed(f"every held-out episode {when} failed ({self.errors} of {len(self.samples)}): no "
+                                 f"accuracy was measured; the first: {' '.join(first.split())[:300]}")
 
     def metrics(self) -> dict[str, float]:
         return {"accuracy": self.accuracy, "reward_mean": self.reward_mean, "num_tasks": float(self.num_tasks),

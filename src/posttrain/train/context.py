@@ -8,7 +8,6 @@ policy, a generation backend, a metrics logger, held-out evaluation and checkpoi
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,9 +19,9 @@ from posttrain.config import RunConfig
 from posttrain.envs import EnvError, make_env
 from posttrain.eval import EvalResult, evaluate
 from posttrain.models import Policy
-from posttrain.rollout import EnvPool, HFBackend, SamplingParams, run_episodes
+from posttrain.rollout import EnvPool, SamplingParams, check_backend, make_backend, run_episodes
 from posttrain.train.checkpoint import save_checkpoint
-from posttrain.train.metrics import MetricsLogger
+from posttrain.train.metrics import MetricsLogger, dumps_finite
 from posttrain.types import Task, Trajectory
 
 ProgressHook = Callable[[str, int, int, dict], None]
@@ -61,10 +60,10 @@ class RunContext:
         seed_everything(cfg.seed, cfg.train.threads)
         self.run_dir = Path(cfg.output_dir)
         self.envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs), seed=cfg.seed)
+        check_backend(cfg)  # a missing vLLM fails before the model loads
         self.policy = Policy.load(cfg.model, need_reference=need_reference, checkpoint=checkpoint)
         self.policy.model.eval()  # trainers switch to train mode for their updates only
-        self.backend = HFBackend(self.policy.model, self.policy.tokenizer, generation_batch or cfg.rollout.batch_size,
-                                 cfg.seed, cfg.model.pack_weights)
+        self.backend = make_backend(cfg, self.policy, generation_batch)
         self.logger: MetricsLogger | None = None
 
     # ------------------------------------------------------------------ tasks and rollouts
@@ -129,6 +128,7 @@ class RunContext:
                 on_progress(n)
 
         cfg = self.cfg
+        self.backend.sync_weights()  # an engine with its own copy of the weights gets the latest
         # Sampled evaluations draw from a generator of their own, seeded by the step: they never shift
         # the training samples (so eval settings do not change a run, and a resumed run evaluates as an
         # uninterrupted one), and an evaluation at step N is reproducible. HFBackend keeps its sampling
@@ -148,7 +148,7 @@ class RunContext:
             self.logger.log("eval", step, result.metrics())
             samples = self.run_dir / "eval_samples" / f"step-{step:06d}.jsonl"
             samples.parent.mkdir(parents=True, exist_ok=True)
-            samples.write_text("".join(json.dumps(s) + "\n" for s in result.samples))
+            samples.write_text("".join(dumps_finite(s) + "\n" for s in result.samples))
         return result
 
     def save_checkpoint(self, step: int, optimizer, scheduler, extra: dict) -> Path:
@@ -164,4 +164,4 @@ class RunContext:
         self.envs.load_rng_states(state["rng"]["envs"])
 
     def write_summary(self, summary: dict) -> None:
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        (self.run_dir / "summary.json").write_text(dumps_finite(summary, indent=2))

@@ -24,10 +24,12 @@ from posttrain.data.store import TrajectoryStore
 from posttrain.envs.contract import step_metrics
 from posttrain.eval import EvalResult
 from posttrain.models.value import Critic
+from posttrain.rollout.episodes import raise_if_all_failed
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
 from posttrain.train.curriculum import scheduled_max_turns, task_sampler
 from posttrain.train.optimizer import adamw, lr_schedule
 from posttrain.train.resume import check_resumable, cut_run_dir, latest_checkpoint, load_weights
+from posttrain.train.stopping import RunGuard
 from posttrain.train.stats import RunningStats
 from posttrain.types import Batch, Trajectory
 
@@ -84,22 +86,29 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         start = time.time()
         ctx.start_run()
-        try:
-            before = self.evaluate() if cfg.eval.before_training and self.resumed_from is None else None
-            while self.step < cfg.train.steps:
-                self.step += 1
-                metrics = self.train_step()
-                ctx.log("train", self.step, metrics)
-                ctx.progress("train", self.step, cfg.train.steps, metrics)
-                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
-                    self.evaluate()
-                if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+        # A signal, a failing disk or a step without one working episode stops the run, saved first.
+        with RunGuard(self.save, lambda: self.step) as guard:
+            try:
+                before = self.evaluate() if cfg.eval.before_training and self.resumed_from is None else None
+                if before is not None:
+                    before.raise_if_all_failed("before training")
+                while self.step < cfg.train.steps:
+                    guard.check()
+                    metrics = self.train_step()  # raises EpisodesFailed before updating if every episode failed
+                    self.step += 1
+                    ctx.log("train", self.step, metrics)
+                    ctx.progress("train", self.step, cfg.train.steps, metrics)
+                    if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
+                        self.evaluate()
+                    if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+                        self.save()
+                guard.check()
+                after = self.evaluate()
+                after.raise_if_all_failed(f"after step {self.step}")
+                if not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every:
                     self.save()
-            after = self.evaluate()
-            if not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every:
-                self.save()
-        finally:
-            ctx.close()
+            finally:
+                ctx.close()
         result = TrainResult(ctx.run_dir, before, after, self.step, time.time() - start)
         ctx.write_summary({"steps": self.step, "seconds": result.seconds,
                            "before": before.metrics() if before else None, "after": after.metrics()})
@@ -138,9 +147,14 @@ class Trainer:
         metrics["generation_seconds"] = time.time() - t0
         if trajectories:
             batch = self.batch(trajectories)
+            sampled = self.behaviour_logprobs(batch, trajectories)
+            own = self.ctx.backend.same_logprobs_as_trainer  # else an engine (vLLM) computed them its own way
             metrics.update(self.algorithm.prepare(batch, rewards, [t.step_rewards for t in trajectories], self,
-                                                  self.behaviour_logprobs(batch, trajectories)))
+                                                  sampled if own else None, None if own else sampled))
             metrics.update(self.update(batch))
+            t_sync = time.time()
+            self.ctx.backend.sync_weights()  # the next rollout samples from the updated policy
+            metrics["weight_sync_seconds"] = time.time() - t_sync
             self.algorithm.after_step(metrics, len(trajectories))
         else:
             metrics.update(loss=0.0, grad_norm=0.0, optimizer_steps=0.0)
@@ -162,7 +176,8 @@ class Trainer:
         sampled: list[Trajectory] = []
         flat_count = rounds = 0
         c = cfg.curriculum
-        max_turns = scheduled_max_turns(self.step, cfg.rollout.max_turns, c.turns_start, c.turns_increase, c.turns_every)
+        step = self.step + 1  # the step being sampled for (self.step counts finished ones)
+        max_turns = scheduled_max_turns(step, cfg.rollout.max_turns, c.turns_start, c.turns_increase, c.turns_every)
         while len(kept) < cfg.train.tasks_per_step * g and rounds < algo.max_sampling_rounds:
             rounds += 1
             trajectories = self.ctx.rollout(self.tasks.sample(cfg.train.tasks_per_step - len(kept) // g),
@@ -171,10 +186,11 @@ class Trainer:
             sampled += trajectories
             if self.store is not None:  # policy version: optimiser steps taken by the sampling policy
                 for t in trajectories:
-                    t.metadata["step"] = self.step
+                    t.metadata["step"] = step
                 self.store.append(trajectories, self.run_id, policy_version=self.scheduler.last_epoch)
-            rewards = algo.shaped_rewards(torch.tensor([t.reward for t in trajectories]),
-                                          torch.tensor([t.num_sampled_tokens for t in trajectories]))
+            device = self.policy.device
+            rewards = algo.shaped_rewards(torch.tensor([t.reward for t in trajectories], device=device),
+                                          torch.tensor([t.num_sampled_tokens for t in trajectories], device=device))
             flat = algo.flat_groups(rewards)
             flat_count += int(flat.sum())
             for k in range(len(trajectories) // g):
@@ -184,15 +200,16 @@ class Trainer:
                 kept_rewards.append(rewards[k * g : (k + 1) * g])
         info = {"sampling_rounds": float(rounds), "zero_variance_groups": flat_count / (len(sampled) // g),
                 "max_turns": float(max_turns), **self.tasks.metrics()}
-        rewards = torch.cat(kept_rewards) if kept_rewards else torch.zeros(0)
+        rewards = torch.cat(kept_rewards) if kept_rewards else torch.zeros(0, device=self.policy.device)
+        raise_if_all_failed(sampled, f"training step {self.step + 1}")  # nothing to learn from: stop, say why
         return kept, rewards, {**info, **rollout_metrics(sampled)}
 
     def batch(self, trajectories: list[Trajectory]) -> Batch:
         """Padded tensors of the trajectories. A trajectory cut short by an environment failure says
         nothing about the policy's answer: it counts in its group's statistics (as reward 0) but its
         tokens are not trained on."""
-        batch = Batch.from_trajectories(trajectories, self.policy.pad_id)
-        failed = torch.tensor([t.error is not None for t in trajectories])
+        batch = Batch.from_trajectories(trajectories, self.policy.pad_id, self.policy.device)
+        failed = torch.tensor([t.error is not None for t in trajectories], device=batch.device)
         batch.loss_mask = batch.loss_mask * (~failed).unsqueeze(-1)
         return batch
 
@@ -205,11 +222,11 @@ class Trainer:
         """
         if self.sampling.temperature != 1.0 or self.sampling.top_p < 1.0:
             return None
-        out = torch.zeros_like(batch.loss_mask)
+        out = torch.zeros(batch.loss_mask.shape)  # filled on the host, moved once
         for i, t in enumerate(trajectories):
             start = len(t.prompt_ids)
             out[i, start : start + len(t.behaviour_logprobs)] = torch.tensor(t.behaviour_logprobs)
-        return out * batch.loss_mask
+        return out.to(batch.device) * batch.loss_mask
 
     # ----------------------------------------------------------------- no-gradient passes (BatchScorer)
 
@@ -322,7 +339,7 @@ class Trainer:
         n = self.cfg.sft.batch_size
         demos = [self.demonstrations[(self._next_demo + i) % len(self.demonstrations)] for i in range(n)]
         self._next_demo = (self._next_demo + n) % len(self.demonstrations)
-        batch = Batch.from_trajectories(demos, self.policy.pad_id)
+        batch = Batch.from_trajectories(demos, self.policy.pad_id, self.policy.device)
         lp, _ = self.policy.logprobs(batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths)
         nll = sft_loss(lp, batch.loss_mask)
         (self.cfg.sft.weight * nll).backward()
