@@ -14,7 +14,7 @@ def config(tmp_path, *overrides):
     return load_config(None, [
         "model.name=tiny-random", "env.id=tictactoe", "algorithm.group_size=2", "train.steps=1",
         "train.tasks_per_step=2", "train.microbatch_size=4", "rollout.max_new_tokens=3", "eval.max_new_tokens=3",
-        "multi_agent.eval_games=2", "multi_agent.eval_opponents=[random]", f"output_dir={tmp_path / 'run'}",
+        "eval.num_tasks=2", "multi_agent.eval_opponents=[random]", f"output_dir={tmp_path / 'run'}",
         "train.learning_rate=1e-3", *overrides,
     ])
 

@@ -60,16 +60,27 @@ def train(
     config: str = typer.Argument(..., help="YAML run config."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
-    """Train a policy with online RL, evaluating on the held-out split before and after."""
+    """Train a policy with online RL, evaluating on the held-out split before and after (a multi-agent
+    env trains with the self-play trainer, see the multi_agent section)."""
     with _user_errors():
         cfg = load_config(config, overrides)
-        from posttrain.train import Trainer
+        from posttrain.envs import env_is_multi_agent
 
+        if env_is_multi_agent(cfg.env.id, cfg.env.kwargs):
+            from posttrain.train.selfplay import SelfPlayTrainer as trainer_class
+            reward_key = "reward"
+        else:
+            from posttrain.train import Trainer as trainer_class
+            reward_key = "reward_mean"
         with _progress() as progress:
-            hook = _progress_hook(progress, lambda info: f"reward {info['reward_mean']:.2f}  "
+            hook = _progress_hook(progress, lambda info: f"reward {info[reward_key]:.2f}  "
                                                          f"{info['step_seconds']:.1f}s/step")
-            result = Trainer(cfg, progress=hook).train()
-    _print_result(f"posttrain: {cfg.model.name} on {cfg.env.id}", result)
+            result = trainer_class(cfg, progress=hook).train()
+    title = f"posttrain: {cfg.model.name} on {cfg.env.id}"
+    if reward_key == "reward":
+        _print_games_result(title, result)
+    else:
+        _print_result(title, result)
 
 
 def _progress_hook(progress, train_text):
@@ -99,6 +110,21 @@ def _print_result(title: str, result) -> None:
     for name, r in (("before", result.before), ("after", result.after)):
         if r is not None:
             table.add_row(name, f"{r.accuracy:.1%}", f"{r.reward_mean:.3f}")
+    Console().print(table)
+    Console().print(f"run directory: {result.run_dir}")
+
+
+def _print_games_result(title: str, result) -> None:
+    """Held-out games against each evaluation opponent before and after a multi-agent run."""
+    table = Table(title=f"{title}, {result.steps} steps in {result.seconds / 60:.1f} min")
+    for column in ("held-out", "opponent", "win", "draw", "loss", "payoff", "invalid moves"):
+        table.add_column(column, justify="left" if column in ("held-out", "opponent") else "right")
+    for name, metrics in (("before", result.before), ("after", result.after)):
+        for opponent in sorted({k.split("/")[0] for k in metrics or {}}):
+            m = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(opponent + "/")}
+            rate = lambda key: f"{m[key]:.0%}" if key in m else "-"  # noqa: E731
+            table.add_row(name, opponent, rate("win"), rate("draw"), rate("loss"), f"{m['payoff']:.3f}",
+                          f"{m['invalid_rate']:.0%}")
     Console().print(table)
     Console().print(f"run directory: {result.run_dir}")
 

@@ -372,9 +372,9 @@ class MultiAgentSection(_Section):
     )
     eval_opponents: list[Literal["self", "random", "scripted"]] = Field(
         default_factory=lambda: ["random", "scripted"], description="Fixed opponents the policy is evaluated "
-        "against, in every role (self: the policy in every seat, e.g. for cooperative envs)."
+        "against, in every role, on eval.num_tasks held-out seeds each (self: the policy in every seat, e.g. for "
+        "cooperative envs)."
     )
-    eval_games: int = Field(20, gt=0, description="Held-out games per role and evaluation opponent.")
 
 
 class RunConfig(_Section):

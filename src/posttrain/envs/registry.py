@@ -55,6 +55,17 @@ def is_multi_agent(env: Any) -> bool:
     return isinstance(env, (AECEnv, ParallelEnv))
 
 
+def env_is_multi_agent(env_id: str, kwargs: dict[str, Any] | None = None) -> bool:
+    """Whether ``env_id`` names a multi-agent env: from its registration, or by building it."""
+    if env_id in _REGISTRY:
+        return _REGISTRY[env_id].multi_agent
+    env = make_env(env_id, kwargs)
+    try:
+        return is_multi_agent(env)
+    finally:
+        env.close()
+
+
 def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env | AECEnv | ParallelEnv:
     """Build the environment named by a registered id, a 'package.module:ClassName' path or a
     gymnasium id: a gymnasium.Env checked to be a text environment (see
