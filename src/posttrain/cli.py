@@ -22,6 +22,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Reinforcemen
 console = Console(stderr=True)
 
 SET_HELP = "Override a config field, e.g. --set train.steps=10 (repeatable)."
+OVERWRITE_HELP = ("Replace the previous run in output_dir: its metrics, events, samples and summary go; its "
+                  "checkpoints stay until this run writes the same step. Without it a used output_dir is refused.")
 
 
 def _quiet_libraries() -> None:
@@ -34,17 +36,45 @@ def _quiet_libraries() -> None:
 
 @contextmanager
 def _user_errors():
+    """Turn what a user or the machine did wrong into one line and exit code 2 (130 on Ctrl-C).
+
+    The named errors carry their own message; any other OSError (a read-only or full disk, a
+    directory where a file was expected, permissions) is reported with its file and reason.
+    """
     from posttrain.data.store import DataError
     from posttrain.envs.registry import EnvError
     from posttrain.models.loading import ModelLoadError
+    from posttrain.rollout.episodes import EpisodesFailed
     from posttrain.sandbox import SandboxUnavailable
+    from posttrain.train.checkpoint import CheckpointError
+    from posttrain.train.run_dir import RunDirError
+    from posttrain.train.stopping import TrainingStopped
 
     _quiet_libraries()
     try:
         yield
-    except (ConfigError, EnvError, ModelLoadError, SandboxUnavailable, FileNotFoundError, DataError) as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+    except (ConfigError, EnvError, ModelLoadError, SandboxUnavailable, DataError, RunDirError, CheckpointError,
+            EpisodesFailed) as e:
+        _error_line(str(e))
         raise typer.Exit(2) from None
+    except TrainingStopped as e:  # a signal (saved; 128 + its number) or a failure after saving (2)
+        if e.exit_code == 2:
+            _error_line(str(e))
+        else:
+            console.print(f"stopped: {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(e.exit_code) from None
+    except OSError as e:
+        _error_line(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e))
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        _error_line("interrupted")
+        raise typer.Exit(130) from None
+
+
+def _error_line(message: str) -> None:
+    """``error: message`` on one line of stderr, whatever newlines the message held."""
+    text = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    console.print(f"[bold red]error:[/] {text}", highlight=False, soft_wrap=True, markup=True)
 
 
 def _progress() -> Progress:
@@ -59,12 +89,14 @@ def _progress() -> Progress:
 def train(
     config: str = typer.Argument(..., help="YAML run config."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
 ) -> None:
     """Train a policy with online RL, evaluating on the held-out split before and after (a multi-agent
     env trains with the self-play trainer, see the multi_agent section)."""
     with _user_errors():
         cfg = load_config(config, overrides)
         from posttrain.envs import env_is_multi_agent
+        from posttrain.train.run_dir import open_run_dir
 
         if env_is_multi_agent(cfg.env.id, cfg.env.kwargs):
             from posttrain.train.selfplay import SelfPlayTrainer as trainer_class
@@ -72,7 +104,7 @@ def train(
         else:
             from posttrain.train import Trainer as trainer_class
             reward_key = "reward_mean"
-        with _progress() as progress:
+        with open_run_dir(cfg.output_dir, overwrite=overwrite), _progress() as progress:
             hook = _progress_hook(progress, lambda info: f"reward {info[reward_key]:.2f}  "
                                                          f"{info['step_seconds']:.1f}s/step")
             result = trainer_class(cfg, progress=hook).train()
@@ -139,13 +171,17 @@ def eval_cmd(
     """Evaluate a policy on the environment's held-out split."""
     with _user_errors():
         cfg = load_config(config, overrides)
+        from posttrain.envs import EnvError
         from posttrain.train.context import RunContext
 
         ctx = RunContext(cfg, checkpoint=checkpoint, generation_batch=cfg.eval.batch_size)
         tasks = ctx.tasks("eval")
+        if not tasks:
+            raise EnvError(f"env {cfg.env.id!r} has no held-out tasks (its tasks('eval') is empty)")
         with _progress() as progress:
             bar = progress.add_task("eval", total=len(tasks), info="")
             result = ctx.evaluate(0, tasks, lambda n: progress.advance(bar, n))
+        result.raise_if_all_failed(f"of {checkpoint or cfg.model.name}")
     if as_json:
         sys.stdout.write(json.dumps({"checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.id,
                                      **result.metrics()}) + "\n")
@@ -170,6 +206,7 @@ def collect(
     with _user_errors():
         cfg = load_config(config, overrides)
         from posttrain.data.collect import collect as run_collect
+        from posttrain.rollout.episodes import EpisodesFailed
 
         def acknowledge(written: int, total: int, part) -> None:
             # One line per durable part: what an interrupted collection is guaranteed to keep.
@@ -177,22 +214,29 @@ def collect(
             sys.stdout.flush()
 
         result = run_collect(cfg, out, n, tasks, checkpoint, acknowledge)
+        if result.errors == result.trajectories:
+            raise EpisodesFailed(f"every episode of the collection failed ({result.errors} of {result.trajectories}; "
+                                 f"kept in {out} with their errors, run {result.run_id}): the first: "
+                                 f"{result.first_error}")
     Console().print(f"collected {result.trajectories} trajectories ({result.successes / result.trajectories:.1%} "
                     f"successful, {result.errors} errors) in {result.seconds / 60:.1f} min into {out} "
                     f"(run {result.run_id})")
 
 
-def _offline(config: str, overrides: list[str], methods: tuple[str, ...], command: str) -> None:
+def _offline(config: str, overrides: list[str], methods: tuple[str, ...], command: str, overwrite: bool) -> None:
     with _user_errors():
         cfg = load_config(config, overrides)
         if cfg.offline.method not in methods:
             raise ConfigError(f"{config}: `posttrain {command}` trains offline.method {' or '.join(methods)}, "
                               f"got {cfg.offline.method!r}")
         from posttrain.train.offline import OfflineTrainer
+        from posttrain.train.run_dir import open_run_dir
 
-        with _progress() as progress:
+        with open_run_dir(cfg.output_dir, overwrite=overwrite), _progress() as progress:
             hook = _progress_hook(progress, lambda info: f"loss {info['loss']:.3f}  {info['step_seconds']:.1f}s/step")
             trainer = OfflineTrainer(cfg, progress=hook)
+            for part, reason in trainer.skipped_parts:
+                progress.console.print(f"skipped store part {part}: {reason}", highlight=False, soft_wrap=True)
             progress.console.print(f"{cfg.offline.method}: {len(trainer.examples)} training examples")
             result = trainer.train()
     _print_result(f"posttrain {command} ({cfg.offline.method}): {cfg.model.name} on {cfg.env.id}", result)
@@ -202,18 +246,20 @@ def _offline(config: str, overrides: list[str], methods: tuple[str, ...], comman
 def dpo(
     config: str = typer.Argument(..., help="YAML run config; offline.method is dpo, ipo, cdpo or kto."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
 ) -> None:
     """Preference optimisation (DPO, IPO, cDPO, KTO) on a trajectory store's successes and failures."""
-    _offline(config, overrides, ("dpo", "ipo", "cdpo", "kto"), "dpo")
+    _offline(config, overrides, ("dpo", "ipo", "cdpo", "kto"), "dpo", overwrite)
 
 
 @app.command()
 def sft(
     config: str = typer.Argument(..., help="YAML run config; offline.method is rft (store) or sft (demonstrations)."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
 ) -> None:
     """Supervised fine-tuning: on a store's successful trajectories (rft) or on demonstrations (sft)."""
-    _offline(config, overrides, ("rft", "sft"), "sft")
+    _offline(config, overrides, ("rft", "sft"), "sft", overwrite)
 
 
 @app.command()
