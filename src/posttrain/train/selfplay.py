@@ -237,6 +237,9 @@ def _check_multi_agent(cfg: RunConfig) -> list[str]:
     if fixed and not getattr(env.unwrapped, "fixed_players", False):
         raise ConfigError(f"{cfg.env.id} has no random or scripted player (asked for {sorted(fixed)}): use "
                           "multi_agent.opponent=self and multi_agent.eval_opponents=[self]")
+    if cfg.rollout.backend != "hf":
+        raise ConfigError("self-play generates with rollout.backend=hf (it switches LoRA adapters per seat); "
+                          f"got rollout.backend={cfg.rollout.backend}")
     if ma.policies == "per_role" and not cfg.model.lora.enabled:
         raise ConfigError("multi_agent.policies=per_role needs model.lora.enabled=true (one adapter per role)")
     env.close()
