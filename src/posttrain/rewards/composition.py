@@ -34,16 +34,13 @@ class DenseScorer(Protocol):
     def dense(self, trajectories: list[Trajectory]) -> list[list[tuple[int, float]]]: ...
 
 
-def _model_components() -> dict[str, Callable[..., Any]]:
-    # Imported on use: these load models (and pull in torch and transformers modules).
-    from posttrain.rewards.judge import GroupJudge, Judge
-    from posttrain.rewards.prm import ProcessRewardScorer
-    from posttrain.rewards.reward_model import RewardModelScorer
-
-    return {"reward_model": RewardModelScorer, "prm": ProcessRewardScorer, "judge": Judge, "group_judge": GroupJudge}
-
-
-MODEL_COMPONENTS = ("reward_model", "prm", "judge", "group_judge")
+# Components that load a model, imported on use (they pull in transformers' model classes).
+MODEL_COMPONENTS = {
+    "reward_model": "posttrain.rewards.reward_model:RewardModelScorer",
+    "prm": "posttrain.rewards.prm:ProcessRewardScorer",
+    "judge": "posttrain.rewards.judge:Judge",
+    "group_judge": "posttrain.rewards.judge:GroupJudge",
+}
 
 
 def import_function(path: str, what: str) -> Callable[..., Any]:
@@ -77,7 +74,10 @@ class _Component:
         if name in COMPONENTS:
             self.function = COMPONENTS[name]
         elif name in MODEL_COMPONENTS:
-            self.model = _model_components()[name](**kwargs)
+            try:
+                self.model = import_function(MODEL_COMPONENTS[name], "reward component")(**kwargs)
+            except TypeError as e:
+                raise ConfigError(f"reward component {name!r}: {e}") from None
         else:
             self.function = import_function(name, "reward component")
         self.kwargs = kwargs if self.function is not None else {}
