@@ -18,3 +18,25 @@ def not_a_number(trajectory):
 
 def first_turn_bonus(trajectory, index, step, bonus: float = 1.0) -> float:
     return bonus if index == 0 else 0.0
+
+
+from posttrain.envs.base import TextEnv  # noqa: E402
+from posttrain.types import Task  # noqa: E402
+
+
+class KeywordEnv(TextEnv):
+    """Solved when the answer has a line 'good'; marks each line right while no line says 'bad'."""
+
+    def __init__(self):
+        super().__init__()
+        tasks = [Task(f"kw-{i}", f"Say something {i}.") for i in range(12)]
+        self._splits = {"train": tasks[:8], "eval": tasks[8:]}
+
+    def score(self, task, action):
+        lines = [line for line in action.split("\n") if line.strip()]
+        marks, ok = [], True
+        for line in lines:
+            ok = ok and "bad" not in line
+            marks.append(ok)
+        good = any(line.strip() == "good" for line in lines)
+        return float(good), {"correct": good, "step_correct": marks}
