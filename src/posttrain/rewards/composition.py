@@ -143,6 +143,9 @@ class RewardComposer:
             scored = [s for s, good in zip(scores, ok) if good]
             metrics[f"reward/{c.name}"] = sum(scored) / len(scored) if scored else 0.0
             metrics[f"reward/{c.name}_errors"] = float(errors)
+            # A model component may say more about its last call (a judge: replies it could not read).
+            for key, value in getattr(c.model, "last_metrics", {}).items():
+                metrics[f"reward/{c.name}/{key}"] = float(value)
         step_rewards = []
         for t, good, extra in zip(trajectories, ok, outcome):
             steps = self._step_rewards(t, metrics) if good else [0.0] * len(t.steps)
