@@ -204,7 +204,8 @@ def envs() -> None:
     specs = registered()
     width = max(len(s.id) for s in specs)
     for spec in specs:
-        sys.stdout.write(f"{spec.id:<{width}}  {spec.description}\n")
+        kind = "multi-agent " if spec.multi_agent else "single-agent"
+        sys.stdout.write(f"{spec.id:<{width}}  {kind}  {spec.description}\n")
 
 
 @app.command("config")

@@ -401,6 +401,39 @@ class PRMSection(_Section):
     output: str = Field("", description="Where the trained model is saved; empty means <output_dir>/prm.")
 
 
+class MultiAgentSection(_Section):
+    """Training in a multi-agent env (``posttrain envs`` marks them); used only when env.id is one."""
+
+    advantage: Literal["role_ema", "role_groups", "groups"] = Field(
+        "role_ema", description="Baseline of the self-play advantage: role_ema = SPIRAL's moving average per "
+        "(game, role) (Liu et al. 2025, arXiv:2506.24119), A = R - b; role_groups = GRPO groups per seed and role; "
+        "groups = GRPO groups per seed pooling the roles (plain GRPO)."
+    )
+    ema_decay: float = Field(0.95, ge=0.0, lt=1.0, description="role_ema: b <- decay * b + (1 - decay) * R.")
+    scale_advantages: bool = Field(
+        True, description="role_groups/groups: divide by the group's std (GRPO); false centres only (Dr. GRPO)."
+    )
+    opponent: Literal["self", "random", "scripted", "pool"] = Field(
+        "self", description="Who plays the other seats in training: self = the policy plays every role "
+        "(self-play); random or scripted = a fixed player, the policy taking each role in turn; pool = a past "
+        "checkpoint of the policy drawn from the pool (self-play until the first is taken)."
+    )
+    pool_size: int = Field(3, gt=0, description="opponent=pool: past checkpoints kept (the oldest is dropped).")
+    pool_every: int = Field(10, gt=0, description="opponent=pool: add the current policy to the pool every N steps.")
+    policies: Literal["shared", "per_role"] = Field(
+        "shared", description="shared = one policy for every role (the role is in its prompt); per_role = one "
+        "LoRA adapter per role on one base model (needs model.lora.enabled)."
+    )
+    train_roles: list[str] = Field(
+        default_factory=list, description="Roles whose trajectories are trained on (empty: every role)."
+    )
+    eval_opponents: list[Literal["self", "random", "scripted"]] = Field(
+        default_factory=lambda: ["random", "scripted"], description="Fixed opponents the policy is evaluated "
+        "against, in every role (self: the policy in every seat, e.g. for cooperative envs)."
+    )
+    eval_games: int = Field(20, gt=0, description="Held-out games per role and evaluation opponent.")
+
+
 class RunConfig(_Section):
     model: ModelSection = Field(default_factory=ModelSection, description="The policy.")
     env: EnvSection = Field(default_factory=EnvSection, description="The environment.")
@@ -415,6 +448,8 @@ class RunConfig(_Section):
     reward_model: RewardModelSection = Field(default_factory=RewardModelSection, description="`posttrain rm train`: "
                                              "a Bradley-Terry outcome reward model.")
     prm: PRMSection = Field(default_factory=PRMSection, description="`posttrain prm train`: a process reward model.")
+    multi_agent: MultiAgentSection = Field(default_factory=MultiAgentSection,
+                                           description="Self-play and multi-agent training.")
     output_dir: str = Field("runs/default", description="Run directory: checkpoints, metrics, logs.")
     seed: int = Field(0, description="Seed for task sampling, generation and initialisation.")
 

@@ -169,3 +169,32 @@ class Rewards:
     step_rewards: list[list[float]]
     dense: list[list[tuple[int, float]]]
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class AgentOutcome:
+    """How one seat of a multi-agent episode ended.
+
+    ``player`` names who played the seat ("policy", an adapter, "random", "scripted", a pool
+    checkpoint); ``outcome`` is "win", "draw" or "loss" for games with a winner and None for
+    cooperative ones; ``payoff`` is the game's score for the seat (chips, deal value, tests
+    passed), ``reward`` its return (the payoff minus invalid-move penalties).
+    """
+
+    role: str
+    player: str
+    reward: float
+    payoff: float
+    outcome: str | None
+    invalid_moves: int
+    turns: int
+
+
+@dataclass
+class GameResult:
+    """One multi-agent episode: every seat's outcome, and a trajectory per language-model seat."""
+
+    task: Task
+    outcomes: dict[str, AgentOutcome]
+    trajectories: dict[str, Trajectory]
+    error: str | None = None

@@ -38,6 +38,7 @@ from posttrain.algorithms.losses import (
     gspo_loss,
     value_loss,
 )
+from posttrain.algorithms.role_advantages import keyed_group_advantages, role_conditioned_advantages
 from posttrain.algorithms.normalization import (
     RunningMeanStd,
     clip_advantages,
@@ -75,6 +76,7 @@ __all__ = [
     "grpo_loss",
     "gspo_loss",
     "k3_kl",
+    "keyed_group_advantages",
     "kl_estimate",
     "masked_mean_std",
     "normalize_rewards",
@@ -83,6 +85,7 @@ __all__ = [
     "reinforce_pp_advantages",
     "reinforce_pp_returns",
     "rloo_advantages",
+    "role_conditioned_advantages",
     "value_loss",
     "whiten",
     "zero_variance_groups",

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
+from pettingzoo import AECEnv, ParallelEnv
 
 
 class EnvError(ValueError):
@@ -18,14 +19,15 @@ class EnvSpec:
     id: str
     entry_point: str
     description: str
+    multi_agent: bool = False
 
 
 _REGISTRY: dict[str, EnvSpec] = {}
 
 
-def register(env_id: str, entry_point: str, description: str) -> None:
-    """Make ``env_id`` resolvable in configs (``env: {id: ...}``)."""
-    _REGISTRY[env_id] = EnvSpec(env_id, entry_point, description)
+def register(env_id: str, entry_point: str, description: str, multi_agent: bool = False) -> None:
+    """Make ``env_id`` resolvable in configs (``env: {id: ...}``); ``multi_agent`` for PettingZoo envs."""
+    _REGISTRY[env_id] = EnvSpec(env_id, entry_point, description, multi_agent)
 
 
 def registered() -> list[EnvSpec]:
@@ -44,8 +46,14 @@ def _import(entry_point: str):
         raise EnvError(f"env.id {entry_point!r}: module {module_name!r} has no attribute {attr!r}") from None
 
 
-def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env:
-    """Build the environment named by a registered id or a 'package.module:ClassName' path."""
+def is_multi_agent(env: Any) -> bool:
+    """True for a PettingZoo env (AEC or parallel), False for a single-agent gymnasium.Env."""
+    return isinstance(env, (AECEnv, ParallelEnv))
+
+
+def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env | AECEnv | ParallelEnv:
+    """Build the environment named by a registered id or a 'package.module:ClassName' path:
+    a gymnasium.Env, or for multi-agent envs a PettingZoo AECEnv or ParallelEnv."""
     if env_id in _REGISTRY:
         cls = _import(_REGISTRY[env_id].entry_point)
     elif ":" in env_id:
@@ -57,8 +65,9 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env:
         env = cls(**(kwargs or {}))
     except (TypeError, ValueError) as e:
         raise EnvError(f"env {env_id!r} with kwargs {kwargs or {}}: {e}") from None
-    if not isinstance(env, gym.Env):
-        raise EnvError(f"env.id {env_id!r} built a {type(env).__name__}, expected a gymnasium.Env")
+    if not isinstance(env, gym.Env) and not is_multi_agent(env):
+        raise EnvError(f"env.id {env_id!r} built a {type(env).__name__}, expected a gymnasium.Env "
+                       "(or a PettingZoo AECEnv or ParallelEnv)")
     if not hasattr(env, "tasks"):
         raise EnvError(
             f"env {env_id!r} has no tasks(split) method: posttrain needs it to draw training "
@@ -103,4 +112,34 @@ register(
     "posttrain.envs.code:CodeEnv",
     "Write a Python function; reward = share of its unit tests passed in the sandbox (source: generated, "
     "humaneval or a JSONL path; max_attempts > 1 shows failing tests and lets the agent revise)",
+)
+register(
+    "tictactoe",
+    "posttrain.envs.games.tictactoe:TicTacToe",
+    "Tic-tac-toe, X against O; win +1, draw 0, loss -1; an invalid move loses the turn",
+    multi_agent=True,
+)
+register(
+    "kuhn_poker",
+    "posttrain.envs.games.kuhn_poker:KuhnPoker",
+    "Kuhn poker (J < Q < K, ante 1, one bet); payoff = chips won or lost",
+    multi_agent=True,
+)
+register(
+    "negotiation",
+    "posttrain.envs.games.negotiation:Negotiation",
+    "Split books, hats and balls with private values, claims made at once; payoff = value of the deal / 10",
+    multi_agent=True,
+)
+register(
+    "textarena",
+    "posttrain.envs.games.textarena_env:TextArenaGame",
+    "A TextArena two-player game (kwargs: game, e.g. TicTacToe-v0), offline",
+    multi_agent=True,
+)
+register(
+    "coder_tester",
+    "posttrain.envs.games.coder_tester:CoderTester",
+    "A tester writes asserts, a coder writes the function; shared reward = share of hidden reference tests passed",
+    multi_agent=True,
 )

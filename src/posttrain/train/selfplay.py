@@ -1,0 +1,246 @@
+"""Self-play and multi-agent training: play G games per seed, credit each seat, update the policy.
+
+One step: draw ``train.tasks_per_step`` seeds, play ``algorithm.group_size`` games of each with the
+configured lineup (the policy in every seat for self-play; a fixed player or a past checkpoint in
+the other seats otherwise), take the policy's trajectories (one per seat it played), give each an
+advantage from its return with a role-aware baseline (``multi_agent.advantage``), and take one
+clipped-surrogate update (the GRPO loss of ``posttrain.algorithms``) over them. Evaluation plays
+the held-out seeds against each fixed opponent in each role and reports win/draw/loss, payoff and
+the invalid-move rate per role.
+
+With ``multi_agent.policies: per_role`` every role has its own LoRA adapter on one base model;
+generation switches adapters per role and each role's trajectories train only its adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from posttrain.algorithms import keyed_group_advantages, role_conditioned_advantages
+from posttrain.algorithms.objective import loss as algorithm_loss
+from posttrain.config import ConfigError, RunConfig
+from posttrain.envs import EnvError, is_multi_agent, make_env
+from posttrain.models import Policy
+from posttrain.rollout import EnvPool, HFBackend, SamplingParams
+from posttrain.rollout.multi_agent import FixedPlayer, LLMPlayer, Player, run_games
+from posttrain.train.checkpoint import save_checkpoint
+from posttrain.train.game_metrics import game_metrics
+from posttrain.train.metrics import MetricsLogger
+from posttrain.train.optimizer import adamw
+from posttrain.train.policy_pool import PolicyPool, adapter_name, add_role_adapters
+from posttrain.types import Batch, GameResult, Task, Trajectory
+
+
+@dataclass
+class SelfPlayResult:
+    run_dir: Path
+    before: dict[str, float] | None
+    after: dict[str, float]
+    steps: int
+    seconds: float
+
+
+class SelfPlayTrainer:
+    def __init__(self, cfg: RunConfig, progress=None):
+        self.cfg, ma = cfg, cfg.multi_agent
+        self.progress = progress or (lambda *a: None)
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.run_dir = Path(cfg.output_dir)
+        self.envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs))
+        probe = self.envs.take(1)[0]
+        if not is_multi_agent(probe):
+            raise EnvError(f"env {cfg.env.id!r} is single-agent: the multi-agent trainer needs a PettingZoo env")
+        self.roles = list(probe.possible_agents)
+        self.train_roles = ma.train_roles or self.roles
+        unknown = sorted(set(self.train_roles) - set(self.roles))
+        if unknown:
+            raise ConfigError(f"multi_agent.train_roles: {unknown} are not roles of {cfg.env.id} ({self.roles})")
+        fixed = {ma.opponent, *ma.eval_opponents} & {"random", "scripted"}
+        if fixed and not getattr(probe.unwrapped, "fixed_players", False):
+            raise ConfigError(f"{cfg.env.id} has no random or scripted player (asked for {sorted(fixed)}): use "
+                              "multi_agent.opponent=self and multi_agent.eval_opponents=[self]")
+        self.train_tasks, self.eval_tasks = self.envs.tasks("train"), self.envs.tasks("eval")
+        self.policy = Policy.load(cfg.model)
+        if ma.policies == "per_role":
+            if not cfg.model.lora.enabled:
+                raise ConfigError("multi_agent.policies=per_role needs model.lora.enabled=true (one adapter per role)")
+            add_role_adapters(self.policy.model, self.roles)
+        self.backend = HFBackend(self.policy.model, self.policy.tokenizer, cfg.rollout.batch_size, cfg.seed,
+                                 cfg.model.pack_weights)
+        self.params = [p for n, p in self.policy.model.named_parameters() if p.requires_grad or "lora_" in n]
+        self.optimizer = adamw([{"params": self.params}], cfg.train.learning_rate, cfg.train.weight_decay)
+        warmup = cfg.train.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        self.pool = PolicyPool(self.policy.model, self.params, ma.pool_size)
+        self.learners = self._learners()
+        self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                       max_new_tokens=cfg.rollout.max_new_tokens, stop=tuple(cfg.rollout.stop))
+        self.baselines: dict = {}
+        self._task_rng = random.Random(cfg.seed)
+        self.step = 0
+
+    def _learners(self) -> dict[str, LLMPlayer]:
+        """The policy's player for each role (one shared player, or one per role adapter)."""
+        if self.cfg.multi_agent.policies == "shared":
+            player = LLMPlayer("policy", self.backend, prepare=self.pool.activate_live)
+            return {role: player for role in self.roles}
+
+        def use(role: str):
+            return lambda: (self.pool.activate_live(), self.policy.model.set_adapter(adapter_name(role)))
+
+        return {role: LLMPlayer(f"policy:{role}", self.backend, prepare=use(role)) for role in self.roles}
+
+    # ----------------------------------------------------------------- loop
+
+    def train(self) -> SelfPlayResult:
+        cfg, start = self.cfg, time.time()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
+        logger = MetricsLogger(self.run_dir)
+        try:
+            before = self.evaluate(logger) if cfg.eval.before_training else None
+            while self.step < cfg.train.steps:
+                self.step += 1
+                metrics = self.train_step()
+                logger.log("train", self.step, metrics)
+                self.progress("train", self.step, cfg.train.steps, metrics)
+                if cfg.multi_agent.opponent == "pool" and self.step % cfg.multi_agent.pool_every == 0:
+                    self.pool.add()
+                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
+                    self.evaluate(logger)
+            after = self.evaluate(logger)
+            save_checkpoint(self.run_dir, self.step, self.policy, self.optimizer, self.scheduler,
+                            {"baselines": {"|".join(k): v for k, v in self.baselines.items()}})
+        finally:
+            self.pool.activate_live()
+            logger.close()
+        result = SelfPlayResult(self.run_dir, before, after, self.step, time.time() - start)
+        summary = {"steps": self.step, "seconds": result.seconds, "before": before, "after": after}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return result
+
+    def _next_tasks(self, n: int) -> list[Task]:
+        return [self.train_tasks[self._task_rng.randrange(len(self.train_tasks))] for _ in range(n)]
+
+    def _lineups(self, n: int) -> list[dict[str, Player]]:
+        """Who sits where in each of the ``n`` games of one seed's group."""
+        ma = self.cfg.multi_agent
+        if ma.opponent == "self" or (ma.opponent == "pool" and not len(self.pool)):
+            return [dict(self.learners) for _ in range(n)]
+        lineups = []
+        for i in range(n):
+            seat = self.train_roles[i % len(self.train_roles)]  # the policy takes each trained role in turn
+            if ma.opponent == "pool":
+                k = self._task_rng.randrange(len(self.pool))
+                others = {r: self.pool.player(k, r, self.backend, ma.policies == "per_role") for r in self.roles}
+            else:
+                others = {r: FixedPlayer(ma.opponent) for r in self.roles}
+            lineups.append({r: (self.learners[r] if r == seat else others[r]) for r in self.roles})
+        return lineups
+
+    def play(self, tasks: list[Task], lineups: list[dict[str, Player]], params: SamplingParams) -> list[GameResult]:
+        try:
+            return run_games(self.envs, tasks, lineups, self.policy.tokenizer, params,
+                             self.cfg.rollout.max_context_tokens, self.cfg.env.step_timeout, self.cfg.seed + self.step)
+        finally:
+            self.pool.activate_live()
+
+    def train_step(self) -> dict[str, float]:
+        cfg, g = self.cfg, self.cfg.algorithm.group_size
+        t0 = time.time()
+        tasks = [t for t in self._next_tasks(cfg.train.tasks_per_step) for _ in range(g)]
+        lineups = [lineup for _ in range(cfg.train.tasks_per_step) for lineup in self._lineups(g)]
+        games = self.play(tasks, lineups, self.sampling)
+        learner_names = {p.name for p in self.learners.values()}
+        trajectories = [t for game in games for role, t in game.trajectories.items()
+                        if t.metadata["player"] in learner_names and role in self.train_roles]
+        metrics = {**game_metrics(games, learner_names), "generation_seconds": time.time() - t0}
+        if trajectories:
+            metrics.update(self._update(trajectories))
+        metrics["step_seconds"] = time.time() - t0
+        return metrics
+
+    def advantages(self, trajectories: list[Trajectory]) -> torch.Tensor:
+        """One advantage per trajectory from its return, with the configured role-aware baseline."""
+        ma = self.cfg.multi_agent
+        rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
+        roles = [t.metadata["role"] for t in trajectories]
+        if ma.advantage == "role_ema":
+            adv, self.baselines = role_conditioned_advantages(rewards, [(self.cfg.env.id, r) for r in roles],
+                                                              self.baselines, ma.ema_decay)
+            return adv
+        keys = [(t.task.id, r) if ma.advantage == "role_groups" else t.task.id for t, r in zip(trajectories, roles)]
+        return keyed_group_advantages(rewards, keys, scale=ma.scale_advantages)
+
+    def _update(self, trajectories: list[Trajectory]) -> dict[str, float]:
+        """One optimiser step of the clipped surrogate over the policy's trajectories."""
+        cfg = self.cfg
+        per_traj = self.advantages(trajectories)
+        failed = torch.tensor([t.error is not None for t in trajectories])
+        batch = Batch.from_trajectories(trajectories, self.policy.pad_id)
+        batch.loss_mask = batch.loss_mask * (~failed).unsqueeze(-1)
+        batch.advantages = per_traj.unsqueeze(-1) * batch.loss_mask
+        total_tokens = float(batch.loss_mask.sum().clamp(min=1))
+        self.optimizer.zero_grad(set_to_none=True)
+        rows_by_role = self._rows_by_role(trajectories)
+        loss_total = 0.0
+        self.policy.model.train()
+        for role, rows in rows_by_role.items():
+            if role is not None:
+                self.policy.model.set_adapter(adapter_name(role))
+            for s in range(0, len(rows), cfg.train.microbatch_size):
+                micro = batch.select(torch.tensor(rows[s : s + cfg.train.microbatch_size]))
+                outputs = self.policy.forward(micro.input_ids, micro.attention_mask, micro.loss_mask,
+                                              micro.prompt_lengths)
+                loss, _ = algorithm_loss(cfg.algorithm, outputs, micro, beta=0.0, total_tokens=total_tokens,
+                                         total_sequences=float(len(batch)), max_new_tokens=cfg.rollout.max_new_tokens)
+                loss.backward()
+                loss_total += loss.item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.train.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        return {"policy_loss": loss_total, "grad_norm": float(grad_norm), "advantage_abs_mean": float(per_traj.abs().mean()),
+                "trained_trajectories": float(len(trajectories))}
+
+    def _rows_by_role(self, trajectories: list[Trajectory]) -> dict[str | None, list[int]]:
+        """Batch rows per adapter: per role with per-role adapters, else all rows together."""
+        if self.cfg.multi_agent.policies == "shared":
+            return {None: list(range(len(trajectories)))}
+        rows: dict[str | None, list[int]] = {}
+        for i, t in enumerate(trajectories):
+            rows.setdefault(t.metadata["role"], []).append(i)
+        return rows
+
+    # ----------------------------------------------------------------- evaluation
+
+    def evaluate(self, logger: MetricsLogger | None = None) -> dict[str, float]:
+        """Held-out seeds against each evaluation opponent, the policy in each role in turn."""
+        cfg = self.cfg
+        params = SamplingParams(temperature=cfg.eval.temperature, max_new_tokens=cfg.eval.max_new_tokens,
+                                stop=tuple(cfg.rollout.stop))
+        tasks = self.eval_tasks[: cfg.multi_agent.eval_games]
+        learner_names = {p.name for p in self.learners.values()}
+        metrics: dict[str, float] = {}
+        for opponent in cfg.multi_agent.eval_opponents:
+            if opponent == "self":
+                games = self.play(tasks, [dict(self.learners) for _ in tasks], params)
+            else:
+                lineups = [{r: (self.learners[r] if r == seat else FixedPlayer(opponent)) for r in self.roles}
+                           for seat in self.roles for _ in tasks]
+                games = self.play([t for _ in self.roles for t in tasks], lineups, params)
+            metrics.update({f"{opponent}/{k}": v for k, v in game_metrics(games, learner_names).items()})
+            self.progress("eval", len(cfg.multi_agent.eval_opponents), len(cfg.multi_agent.eval_opponents), {})
+        if logger:
+            logger.log("eval", self.step, metrics)
+        self.progress("eval_done", self.step, cfg.train.steps, metrics)
+        return metrics

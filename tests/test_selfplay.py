@@ -1,0 +1,93 @@
+"""The multi-agent trainer on the tiny model: self-play, fixed and pool opponents, per-role adapters."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from posttrain.config import ConfigError, load_config
+from posttrain.train.selfplay import SelfPlayTrainer
+
+
+def config(tmp_path, *overrides):
+    return load_config(None, [
+        "model.name=tiny-random", "env.id=tictactoe", "algorithm.group_size=2", "train.steps=1",
+        "train.tasks_per_step=2", "train.microbatch_size=4", "rollout.max_new_tokens=3", "eval.max_new_tokens=3",
+        "multi_agent.eval_games=2", "multi_agent.eval_opponents=[random]", f"output_dir={tmp_path / 'run'}",
+        "train.learning_rate=1e-3", *overrides,
+    ])
+
+
+def records(run_dir, split):
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["split"] == split]
+
+
+def test_self_play_step_trains_every_seat_and_reports_per_role_results(tmp_path):
+    result = SelfPlayTrainer(config(tmp_path)).train()
+    (train,) = records(result.run_dir, "train")
+    assert train["trained_trajectories"] == 8  # 2 seeds x 2 games x 2 seats
+    assert train["x/games"] == train["o/games"] == 4
+    assert math.isfinite(train["policy_loss"]) and train["grad_norm"] > 0
+    for key in ("random/x/win", "random/o/loss", "random/invalid_rate", "random/payoff"):
+        assert key in result.after and key in result.before
+    assert result.after["random/games"] == 4  # 2 held-out seeds x 2 roles
+    assert (result.run_dir / "checkpoints" / "step-000001" / "model").is_dir()
+
+
+@pytest.mark.parametrize("advantage", ["role_groups", "groups"])
+def test_group_baselines_per_role_or_pooled(tmp_path, advantage):
+    trainer = SelfPlayTrainer(config(tmp_path, f"multi_agent.advantage={advantage}"))
+    metrics = trainer.train_step()
+    assert metrics["trained_trajectories"] == 8 and math.isfinite(metrics["policy_loss"])
+
+
+def test_fixed_opponent_only_trains_the_policy_seats(tmp_path):
+    trainer = SelfPlayTrainer(config(tmp_path, "env.id=kuhn_poker", "multi_agent.opponent=scripted"))
+    metrics = trainer.train_step()
+    assert metrics["trained_trajectories"] == 4  # one policy seat per game, each role in turn
+    assert metrics["player_0/games"] == metrics["player_1/games"] == 2
+
+
+def test_pool_opponent_plays_a_past_policy(tmp_path):
+    cfg = config(tmp_path, "multi_agent.opponent=pool", "multi_agent.pool_every=1", "train.steps=2")
+    trainer = SelfPlayTrainer(cfg)
+    trainer.train()
+    assert trainer.pool.added == 2 and len(trainer.pool) == 2
+    # The live weights are back after the pool player generated.
+    snapshot = trainer.pool.snapshots[-1]
+    assert all(torch.equal(p, s) for p, s in zip(trainer.params, snapshot))
+    (_, second) = records(trainer.run_dir, "train")
+    assert second["trained_trajectories"] == 4  # against the pool: one policy seat per game
+
+
+def test_per_role_adapters_train_only_their_role(tmp_path):
+    cfg = config(tmp_path, "model.lora.enabled=true", "multi_agent.policies=per_role", "multi_agent.train_roles=[x]")
+    trainer = SelfPlayTrainer(cfg)
+    model = trainer.policy.model
+    assert set(model.peft_config) == {"role_x", "role_o"}
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_B" in n}
+    trainer.train_step()
+    changed = {n for n, p in model.named_parameters() if n in before and not torch.equal(p, before[n])}
+    assert changed and all(".role_x." in n for n in changed)
+
+
+def test_coder_tester_trains_on_the_shared_hidden_test_reward(tmp_path):
+    cfg = config(tmp_path, "env.id=coder_tester", "multi_agent.eval_opponents=[self]", "rollout.max_new_tokens=12",
+                 "eval.max_new_tokens=12")
+    result = SelfPlayTrainer(cfg).train()
+    (train,) = records(result.run_dir, "train")
+    assert train["trained_trajectories"] == 8 and train["errors"] == 0
+    assert train["tester/payoff"] == train["coder/payoff"]  # the reward is shared
+    assert "self/coder/payoff" in result.after
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["multi_agent.policies=per_role"], "model.lora.enabled"),
+    (["env.id=coder_tester"], "no random or scripted player"),
+    (["multi_agent.train_roles=[z]"], "not roles of tictactoe"),
+    (["env.id=arithmetic"], "single-agent"),
+])
+def test_bad_multi_agent_configs_say_what_is_wrong(tmp_path, overrides, message):
+    with pytest.raises((ConfigError, ValueError), match=message):
+        SelfPlayTrainer(config(tmp_path, *overrides))
