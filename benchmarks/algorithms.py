@@ -35,7 +35,6 @@ def run(name: str, steps: int, out_dir: Path, evaluate_before: bool) -> dict:
         f"eval.before_training={str(evaluate_before).lower()}", f"output_dir={out_dir / name}",
     ])
     torch.manual_seed(cfg.seed)
-    trainer = Trainer(cfg)
     samples = 0
 
     def count(phase: str, done: int, total: int, info: dict) -> None:
@@ -43,7 +42,7 @@ def run(name: str, steps: int, out_dir: Path, evaluate_before: bool) -> dict:
         if phase == "train":
             samples += int(info["samples"])
 
-    trainer.progress = count
+    trainer = Trainer(cfg, progress=count)
     start = time.time()
     result = trainer.train()
     return {

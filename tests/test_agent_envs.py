@@ -12,9 +12,9 @@ from posttrain.rollout import EnvPool, SamplingParams, run_episodes
 from posttrain.rollout.backend import Generation
 
 
-@pytest.mark.parametrize("env_id", [s.id for s in registered() if not s.multi_agent])
-def test_every_registered_env_passes_gymnasium_check_env(env_id):
-    env = make_env(env_id)
+@pytest.mark.parametrize("spec", [s for s in registered() if not s.multi_agent], ids=lambda s: s.id)
+def test_every_registered_env_passes_gymnasium_check_env(spec):
+    env = make_env(spec.id, spec.example_kwargs)
     check_env(env, skip_render_check=True)
     assert env.tasks("train") and env.tasks("eval")
     assert not {t.id for t in env.tasks("train")} & {t.id for t in env.tasks("eval")}

@@ -150,6 +150,7 @@ def test_task_type():
     assert isinstance(ADD, Task) and ADD.metadata["entry_point"] == "add"
 
 
+@pytest.mark.slow
 def test_train_and_eval_pass_at_k_on_the_code_env_through_the_cli(tmp_path):
     """Two GRPO steps of the tiny model on generated code tasks, then `posttrain eval` with pass@k."""
     from test_train_e2e import run_cli, tiny_config

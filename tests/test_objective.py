@@ -1,10 +1,19 @@
-"""How each algorithm turns rewards into advantages (posttrain.algorithms.objective)."""
+"""How each algorithm turns rewards into advantages (posttrain.algorithms.Algorithm)."""
 
 import pytest
 import torch
 
-from posttrain.algorithms.objective import shaped_rewards, token_advantages
+from posttrain.algorithms import Algorithm
 from posttrain.config import AlgorithmSection
+
+def token_advantages(cfg, rewards, mask, beta=0.0, **tensors):
+    algo = Algorithm(cfg.model_copy(update={"beta": beta}), max_new_tokens=16)
+    return algo.advantages(rewards, mask, **tensors)
+
+
+def shaped_rewards(cfg, rewards, lengths, max_new_tokens, algo=None):
+    return (algo or Algorithm(cfg, max_new_tokens=max_new_tokens)).shaped_rewards(rewards, lengths)
+
 
 MASK = torch.tensor([[0.0, 1.0, 1.0, 0.0], [0.0, 1.0, 1.0, 1.0]])
 
@@ -87,15 +96,13 @@ def test_ppo_turn_level_uses_step_rewards_then_the_outcome():
 
 
 def test_reward_normalisation_modes():
-    from posttrain.algorithms import RunningMeanStd
-
     rewards, lengths = torch.tensor([1.0, 0.0, 3.0, 3.0]), torch.zeros(4)
     group = shaped_rewards(AlgorithmSection(group_size=2, reward_normalization="group"), rewards, lengths, 16)
     assert torch.allclose(group, torch.tensor([0.7071, -0.7071, 0.0, 0.0]), atol=1e-3)
     batch = shaped_rewards(AlgorithmSection(group_size=2, reward_normalization="batch"), rewards, lengths, 16)
     assert batch.mean().abs() < 1e-6 and batch.std().item() == pytest.approx(1.0, abs=1e-5)
-    running = RunningMeanStd()
     cfg = AlgorithmSection(group_size=2, reward_normalization="running")
+    running = Algorithm(cfg, max_new_tokens=16)  # keeps the running statistics across steps
     shaped_rewards(cfg, torch.tensor([0.0, 2.0]), lengths[:2], 16, running)
     # Stats now cover {0, 2, 1, 0, 3, 3}: mean 1.5, sample std sqrt(1.9).
     out = shaped_rewards(cfg, rewards, lengths, 16, running)

@@ -14,6 +14,8 @@ from posttrain.data import TrajectoryStore
 from posttrain.models import resolve_model_path
 from test_train_e2e import ROOT, run_cli, tiny_config
 
+pytestmark = pytest.mark.slow  # end to end through CLI subprocesses: `make test`, not `make test-fast`
+
 # Capitals (tests/user_envs.py) rewards 1/(1 + answer length) for a wrong answer: graded rewards that differ
 # between the samples of a task, so the random model's samples still make preference pairs.
 OFFLINE = {"env": {"id": "user_envs:Capitals", "kwargs": {}}, "eval": {"num_tasks": 1},

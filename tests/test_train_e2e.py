@@ -11,6 +11,8 @@ import pytest
 import torch
 import yaml
 
+pytestmark = pytest.mark.slow  # end to end through CLI subprocesses: `make test`, not `make test-fast`
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

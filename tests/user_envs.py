@@ -85,3 +85,50 @@ class Hanging(Capitals):
 
             time.sleep(600)
         return super().step(action)
+
+
+class SeededSum(gym.Env):
+    """A plain gymnasium env with no tasks(): the seed alone picks the problem (as most gymnasium envs do)."""
+
+    def __init__(self):
+        self.observation_space = Text(max_length=4096)
+        self.action_space = Text(max_length=4096)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.a, self.b = (int(x) for x in self.np_random.integers(1, 10, size=2))
+        return f"What is {self.a} + {self.b}? Answer with the number.", {"seed": seed}
+
+    def step(self, action):
+        digits = "".join(c for c in action if c.isdigit())
+        reward = float(digits == str(self.a + self.b)) + 1.0 / (1 + len(action))  # graded: groups have variance
+        return "", reward, True, False, {}
+
+
+class NumericObservations(gym.Env):
+    """Not a text env: its observations are numbers."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(2,))
+        self.action_space = Text(max_length=64)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, True, False, {}
+
+
+class OldStyleReset(gym.Env):
+    """reset() without gymnasium's seed/options keywords."""
+
+    def __init__(self):
+        self.observation_space = Text(max_length=64)
+        self.action_space = Text(max_length=64)
+
+    def reset(self):  # noqa: D102 - deliberately the wrong signature
+        return "hi", {}
+
+    def step(self, action):
+        return "", 0.0, True, False, {}

@@ -113,19 +113,13 @@ def eval_cmd(
     """Evaluate a policy on the environment's held-out split."""
     with _user_errors():
         cfg = load_config(config, overrides)
-        from posttrain.envs import make_env
-        from posttrain.eval import evaluate
-        from posttrain.models import Policy
-        from posttrain.rollout import EnvPool, HFBackend
+        from posttrain.train.context import RunContext
 
-        envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs))
-        tasks = envs.tasks("eval")[: cfg.eval.num_tasks]
-        policy = Policy.load(cfg.model, checkpoint=checkpoint)
-        backend = HFBackend(policy.model, policy.tokenizer, cfg.eval.batch_size, cfg.seed, cfg.model.pack_weights)
+        ctx = RunContext(cfg, checkpoint=checkpoint, generation_batch=cfg.eval.batch_size)
+        tasks = ctx.tasks("eval")
         with _progress() as progress:
             bar = progress.add_task("eval", total=len(tasks), info="")
-            result = evaluate(envs, backend, policy.tokenizer, tasks, cfg.eval, cfg.rollout, cfg.env.step_timeout,
-                              lambda n: progress.advance(bar, n))
+            result = ctx.evaluate(0, tasks, lambda n: progress.advance(bar, n))
     if as_json:
         sys.stdout.write(json.dumps({"checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.id,
                                      **result.metrics()}) + "\n")

@@ -75,6 +75,25 @@ class EnvSection(_Section):
     step_timeout: float = Field(
         60.0, gt=0.0, description="Seconds a reset() or step() may take; past it the episode ends with an error."
     )
+    train_seeds: int = Field(
+        1000, gt=0, description="Envs without tasks(): training tasks are the reset seeds 0 .. train_seeds - 1 "
+        "(the G samples of a group share one seed)."
+    )
+    eval_seed_start: int = Field(
+        1_000_000, ge=0, description="Envs without tasks(): held-out tasks are the reset seeds from this one on "
+        "(disjoint from the training seeds; eval.num_tasks of them are used)."
+    )
+    success_reward: float = Field(
+        1.0, description="An episode whose env reports no verdict (info['correct'] or info['is_success']) counts "
+        "as solved when its return reaches this."
+    )
+
+    @model_validator(mode="after")
+    def _disjoint_seeds(self) -> "EnvSection":
+        if self.eval_seed_start < self.train_seeds:
+            raise ValueError(f"env.eval_seed_start ({self.eval_seed_start}) must be at least env.train_seeds "
+                             f"({self.train_seeds}) so that held-out seeds are never trained on")
+        return self
 
 
 AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "gspo", "ppo"]

@@ -54,6 +54,7 @@ class Trajectory:
     process signal, with the outcome in the last).
     ``error`` is set when the episode failed for a reason other than the agent's answer
     (an environment exception, a timeout); such trajectories get zero reward and still count.
+    ``error_kind`` says which failure it was (see ``posttrain.envs.contract.ErrorKind``).
     """
 
     task: Task
@@ -64,6 +65,7 @@ class Trajectory:
     steps: list[Step] = field(default_factory=list)
     reward: float = 0.0
     error: str | None = None
+    error_kind: str | None = None
     finish_reason: str = "stop"
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -86,8 +88,9 @@ class Trajectory:
 
     @property
     def correct(self) -> bool:
-        """True when the environment said the episode was solved (``info['correct']``)."""
-        return any(bool(s.info.get("correct")) for s in self.steps)
+        """True when the environment said the episode was solved (``info['correct']`` or
+        ``info['is_success']``; see ``posttrain.envs.contract.StepInfo``)."""
+        return any(bool(s.info.get("correct") or s.info.get("is_success")) for s in self.steps)
 
 
 @dataclass

@@ -1,18 +1,10 @@
-"""Advantage estimators and policy losses as pure functions, selected by name.
+"""Advantage estimators and losses as pure functions, composed by one :class:`Algorithm` object.
 
-The registries hold only interchangeable functions:
-
-- ``ADVANTAGE_ESTIMATORS``: ``fn(rewards [N], group_size) -> advantages [N]``, one outcome
-  reward per sample. Token- and turn-level estimators (``gae``, ``reinforce_pp_advantages``)
-  need values or masks and are called directly.
-- ``POLICY_LOSSES``: ``fn(logprobs, old_logprobs, advantages, mask, **options) -> (loss, stats)``
-  over ``[B, T]`` tensors. The keyword options differ (only grpo_loss has a KL term and a choice
-  of aggregation; gspo_loss always aggregates per sequence).
+``Algorithm`` (built once from the ``algorithm`` config section) is what the trainers use; the
+pure functions below are its pieces, each with its paper in the docstring. Names resolve through
+``ADVANTAGE_ESTIMATORS`` (``fn(rewards [N], group_size) -> advantages [N]``) and ``POLICY_LOSSES``
+(``fn(logprobs, old_logprobs, advantages, mask, **options) -> (loss, stats)``).
 """
-
-from collections.abc import Callable
-
-import torch
 
 from posttrain.algorithms.advantages import (
     dr_grpo_advantages,
@@ -21,6 +13,14 @@ from posttrain.algorithms.advantages import (
     overlong_penalty,
     rloo_advantages,
     zero_variance_groups,
+)
+from posttrain.algorithms.algorithm import (
+    ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
+    Algorithm,
+    BatchScorer,
+    LossResult,
+    Normaliser,
 )
 from posttrain.algorithms.gae import (
     discounted_returns,
@@ -47,22 +47,15 @@ from posttrain.algorithms.normalization import (
     whiten,
 )
 
-ADVANTAGE_ESTIMATORS: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
-    "grpo": group_relative_advantages,
-    "dr_grpo": dr_grpo_advantages,
-    "rloo": rloo_advantages,
-}
-
-POLICY_LOSSES: dict[str, Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]] = {
-    "grpo": grpo_loss,
-    "gspo": gspo_loss,
-}
-
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "POLICY_LOSSES",
     "AdaptiveKLController",
+    "Algorithm",
+    "BatchScorer",
     "FixedKLController",
+    "LossResult",
+    "Normaliser",
     "RunningMeanStd",
     "aggregate",
     "clip_advantages",

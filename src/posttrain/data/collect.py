@@ -8,13 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from posttrain.config import RunConfig
 from posttrain.data.store import TrajectoryStore
-from posttrain.envs import EnvError, make_env
-from posttrain.models import Policy
-from posttrain.rollout import EnvPool, HFBackend, SamplingParams, run_episodes
+from posttrain.envs import EnvError
 
 
 @dataclass
@@ -41,17 +37,14 @@ def collect(
     every batch it finished; ``on_append(written, total, part)`` is called after each append
     returns, when the part is durable.
     """
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    torch.manual_seed(cfg.seed)
-    envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs))
-    tasks = envs.tasks("train")[:num_tasks] if num_tasks else envs.tasks("train")
+    from posttrain.train.context import RunContext  # the context imports the data package
+
+    ctx = RunContext(cfg, checkpoint=checkpoint)
+    tasks = ctx.tasks("train")
+    tasks = tasks[:num_tasks] if num_tasks else tasks
     if not tasks:
         raise EnvError(f"env {cfg.env.id!r} has no training tasks to collect on")
-    policy = Policy.load(cfg.model, checkpoint=checkpoint)
-    backend = HFBackend(policy.model, policy.tokenizer, cfg.rollout.batch_size, cfg.seed, cfg.model.pack_weights)
-    params = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                            max_new_tokens=cfg.rollout.max_new_tokens, stop=tuple(cfg.rollout.stop))
+    params = ctx.sampling()
     store = TrajectoryStore(out)
     run_id = f"collect-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     per_batch = max(1, cfg.rollout.batch_size // samples_per_task)
@@ -59,9 +52,7 @@ def collect(
     written = successes = errors = 0
     total = len(tasks) * samples_per_task
     for i in range(0, len(tasks), per_batch):
-        trajectories = run_episodes(envs, backend, policy.tokenizer, tasks[i : i + per_batch], params,
-                                    samples_per_task, cfg.rollout.max_turns, cfg.rollout.max_context_tokens,
-                                    cfg.env.step_timeout)
+        trajectories = ctx.rollout(tasks[i : i + per_batch], params, samples_per_task)
         part = store.append(trajectories, run_id, policy_version=0)
         written += len(trajectories)
         successes += sum(t.correct for t in trajectories)

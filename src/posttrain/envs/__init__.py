@@ -1,6 +1,7 @@
 """Gymnasium text environments and their registry."""
 
 from posttrain.envs.base import TextEnv
-from posttrain.envs.registry import EnvError, is_multi_agent, make_env, register, registered
+from posttrain.envs.contract import EnvError
+from posttrain.envs.registry import is_multi_agent, make_env, register, registered
 
 __all__ = ["EnvError", "TextEnv", "is_multi_agent", "make_env", "register", "registered"]

@@ -1,33 +1,37 @@
-"""Environment registry: built-in ids, and any user class named as 'package.module:ClassName'."""
+"""Environment registry: built-in ids, any user class named as 'package.module:ClassName', and
+any id in gymnasium's own registry (built with ``gymnasium.make``, kwargs passed through)."""
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 from pettingzoo import AECEnv, ParallelEnv
 
-
-class EnvError(ValueError):
-    """The configured environment cannot be found or built; the message says why."""
+from posttrain.envs.contract import EnvError, check_text_env
 
 
 @dataclass(frozen=True)
 class EnvSpec:
+    """A registered env; ``example_kwargs`` build a small instance (what tests and docs use) for
+    envs whose constructor needs arguments."""
+
     id: str
     entry_point: str
     description: str
+    example_kwargs: dict[str, Any] = field(default_factory=dict)
     multi_agent: bool = False
 
 
 _REGISTRY: dict[str, EnvSpec] = {}
 
 
-def register(env_id: str, entry_point: str, description: str, multi_agent: bool = False) -> None:
+def register(env_id: str, entry_point: str, description: str, example_kwargs: dict[str, Any] | None = None,
+             multi_agent: bool = False) -> None:
     """Make ``env_id`` resolvable in configs (``env: {id: ...}``); ``multi_agent`` for PettingZoo envs."""
-    _REGISTRY[env_id] = EnvSpec(env_id, entry_point, description, multi_agent)
+    _REGISTRY[env_id] = EnvSpec(env_id, entry_point, description, example_kwargs or {}, multi_agent)
 
 
 def registered() -> list[EnvSpec]:
@@ -52,27 +56,27 @@ def is_multi_agent(env: Any) -> bool:
 
 
 def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env | AECEnv | ParallelEnv:
-    """Build the environment named by a registered id or a 'package.module:ClassName' path:
-    a gymnasium.Env, or for multi-agent envs a PettingZoo AECEnv or ParallelEnv."""
-    if env_id in _REGISTRY:
-        cls = _import(_REGISTRY[env_id].entry_point)
-    elif ":" in env_id:
-        cls = _import(env_id)
+    """Build the environment named by a registered id, a 'package.module:ClassName' path or a
+    gymnasium id: a gymnasium.Env checked to be a text environment (see
+    :mod:`posttrain.envs.contract`), or for multi-agent envs a PettingZoo AECEnv or ParallelEnv."""
+    kwargs = kwargs or {}
+    if env_id in _REGISTRY or ":" in env_id:
+        cls = _import(_REGISTRY[env_id].entry_point if env_id in _REGISTRY else env_id)
+        build = lambda: cls(**kwargs)  # noqa: E731
+    elif env_id in gym.registry:
+        build = lambda: gym.make(env_id, **kwargs)  # noqa: E731
     else:
         known = ", ".join(s.id for s in registered())
-        raise EnvError(f"env.id {env_id!r} is not registered (known: {known}; or use 'package.module:ClassName')")
+        raise EnvError(f"env.id {env_id!r} is not registered (known: {known}; or a gymnasium id, or "
+                       "'package.module:ClassName')")
     try:
-        env = cls(**(kwargs or {}))
+        env = build()
+    except EnvError:
+        raise
     except (TypeError, ValueError) as e:
-        raise EnvError(f"env {env_id!r} with kwargs {kwargs or {}}: {e}") from None
-    if not isinstance(env, gym.Env) and not is_multi_agent(env):
-        raise EnvError(f"env.id {env_id!r} built a {type(env).__name__}, expected a gymnasium.Env "
-                       "(or a PettingZoo AECEnv or ParallelEnv)")
-    if not hasattr(env, "tasks"):
-        raise EnvError(
-            f"env {env_id!r} has no tasks(split) method: posttrain needs it to draw training "
-            "and held-out tasks"
-        )
+        raise EnvError(f"env {env_id!r} with kwargs {kwargs}: {e}") from None
+    if not is_multi_agent(env):
+        check_text_env(env, env_id)
     return env
 
 
@@ -112,6 +116,12 @@ register(
     "posttrain.envs.code:CodeEnv",
     "Write a Python function; reward = share of its unit tests passed in the sandbox (source: generated, "
     "humaneval or a JSONL path; max_attempts > 1 shows failing tests and lets the agent revise)",
+)
+register(
+    "reasoning_gym",
+    "posttrain.envs.reasoning_gym_env:ReasoningGymEnv",
+    "Any reasoning-gym dataset (kwargs: dataset, size, eval_size, seed, config) scored by its own score_answer",
+    {"dataset": "basic_arithmetic", "size": 50, "eval_size": 20},
 )
 register(
     "tictactoe",

@@ -5,7 +5,8 @@ Each turn the agent either calls a tool (ReAct text or a JSON function call, see
 its final answer, which ends the episode and is scored by :meth:`TextEnv.score`. A malformed
 call or a failing tool becomes an observation that says what was wrong (with an optional
 penalty as the step reward); it never raises. ``info`` marks such turns (``malformed_call``,
-``tool_error``) so the trainer can count them.
+``tool_error``), and ``info["metrics"]`` counts ``tool_calls``, ``malformed_tool_calls`` and
+``tool_errors``, which training logs (see :class:`posttrain.envs.contract.StepInfo`).
 
 Worked examples can be placed before the question as earlier turns of the conversation. Small
 models copy the format of earlier assistant turns far more reliably than they follow written
@@ -117,11 +118,14 @@ class ToolEnv(TextEnv):
         if isinstance(parsed, Malformed):
             observation = self._observation(None, f"Error: {parsed.message}")
             penalty = -self.malformed_penalty if self.malformed_penalty else 0.0
-            return (observation,), penalty, False, out_of_calls, {"correct": False, "malformed_call": True}
+            return (observation,), penalty, False, out_of_calls, {
+                "correct": False, "malformed_call": True,
+                "metrics": {"tool_calls": 1.0, "malformed_tool_calls": 1.0, "tool_errors": 0.0}}
         info: dict[str, Any] = {"correct": False, "tool": parsed.name}
         try:
             result = self.tools.call(parsed.name, parsed.arguments)
         except ToolError as e:
             info["tool_error"] = True
             result = f"Error: {e}"
+        info["metrics"] = {"tool_calls": 1.0, "malformed_tool_calls": 0.0, "tool_errors": float("tool_error" in info)}
         return (self._observation(parsed.name, result),), 0.0, False, out_of_calls, info

@@ -37,6 +37,7 @@ def evaluate(
     rollout: RolloutSection,
     step_timeout: float = 60.0,
     on_progress: Callable[[int], None] | None = None,
+    success_reward: float = 1.0,
 ) -> EvalResult:
     """``cfg.samples_per_task`` episodes per held-out task (greedy unless ``cfg.temperature`` > 0),
     with the training rollout's stop strings and turn and context limits; ``num_tasks`` counts tasks."""
@@ -45,7 +46,7 @@ def evaluate(
     for start in range(0, len(tasks), cfg.batch_size):
         chunk = tasks[start : start + cfg.batch_size]
         trajectories += run_episodes(envs, backend, tokenizer, chunk, params, cfg.samples_per_task,
-                                     rollout.max_turns, rollout.max_context_tokens, step_timeout)
+                                     rollout.max_turns, rollout.max_context_tokens, step_timeout, success_reward)
         if on_progress:
             on_progress(len(chunk))
     n = max(len(trajectories), 1)

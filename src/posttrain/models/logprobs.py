@@ -30,8 +30,11 @@ def cache_kwarg(model: torch.nn.Module) -> str:
 
 
 def _activation_checkpointing(model: torch.nn.Module) -> bool:
+    """True when this forward will checkpoint activations: enabled, and in train mode (transformers
+    checkpoints only in training mode; in eval mode the prompt can still be shared)."""
     flag = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5 name
-    return bool(flag if flag is not None else getattr(model, "is_gradient_checkpointing", False))
+    enabled = flag if flag is not None else getattr(model, "is_gradient_checkpointing", False)
+    return bool(enabled) and model.training
 
 
 class _HeadLogprobs(torch.autograd.Function):

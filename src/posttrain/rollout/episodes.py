@@ -21,6 +21,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from posttrain.envs.contract import EnvError, as_messages, env_tasks, observation_text, reset_episode, success
 from posttrain.rollout.backend import Generation, GenerationBackend, SamplingParams
 from posttrain.types import Step, Task, Trajectory
 
@@ -41,24 +42,10 @@ class EnvPool:
         """Swap out an instance that may still be busy (a step that timed out) for a fresh one."""
         self._envs[self._envs.index(env)] = self._factory()
 
-    def tasks(self, split: str) -> list[Task]:
-        return list(self._envs[0].tasks(split))
-
-
-def _messages(observation: Any) -> list[dict[str, Any]]:
-    """An observation as chat messages: text becomes a user message; messages pass through."""
-    if isinstance(observation, dict):
-        return [observation]
-    if isinstance(observation, (list, tuple)):
-        return list(observation)
-    return [{"role": "user", "content": str(observation)}]
-
-
-def observation_text(observation: Any) -> str:
-    """What the environment said, as plain text (for logs and :class:`Step`)."""
-    if isinstance(observation, (dict, list, tuple)):
-        return "\n".join(str(m.get("content", "")) for m in _messages(observation))
-    return str(observation)
+    def tasks(self, split: str, train_seeds: int = 1000, eval_seed_start: int = 1_000_000,
+              eval_seeds: int = 1000) -> list[Task]:
+        """The env's tasks of ``split``, or seed tasks when it has no ``tasks()`` (see envs.contract)."""
+        return env_tasks(self._envs[0], split, train_seeds, eval_seed_start, eval_seeds)
 
 
 def encode_prompt(tokenizer, observation: Any, tools: list[dict[str, Any]] | None = None) -> list[int]:
@@ -68,7 +55,7 @@ def encode_prompt(tokenizer, observation: Any, tools: list[dict[str, Any]] | Non
     templates without tool support ignore them, so tool environments also describe their tools
     in the conversation itself.
     """
-    text = tokenizer.apply_chat_template(_messages(observation), tools=tools or None, add_generation_prompt=True,
+    text = tokenizer.apply_chat_template(as_messages(observation), tools=tools or None, add_generation_prompt=True,
                                          tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)
 
@@ -86,7 +73,7 @@ def observation_delta(tokenizer, observation: Any, sampled_eos: bool) -> list[in
     token limit) the whole end-of-turn text is added as environment tokens.
     """
     base = tokenizer.apply_chat_template(_PROBE, tokenize=False)
-    full = tokenizer.apply_chat_template(_PROBE + _messages(observation), add_generation_prompt=True, tokenize=False)
+    full = tokenizer.apply_chat_template(_PROBE + as_messages(observation), add_generation_prompt=True, tokenize=False)
     if not full.startswith(base):
         raise ValueError("the chat template re-renders earlier turns when the conversation grows; "
                          "multi-turn token-in/token-out needs a template that only appends")
@@ -111,6 +98,8 @@ class _Episode:
 
     def fail(self, where: str, error: Exception) -> None:
         self.traj.error = f"{where}: {type(error).__name__}: {error}"
+        self.traj.error_kind = ("timeout" if isinstance(error, TimeoutError) else
+                                "bad_observation" if isinstance(error, EnvError) else where)
         self.traj.reward = 0.0
         self.traj.finish_reason = "error"
         self.done = True
@@ -150,15 +139,18 @@ def run_episodes(
     max_turns: int = 1,
     max_context: int = 4096,
     step_timeout: float = 60.0,
+    success_reward: float = 1.0,
 ) -> list[Trajectory]:
     """``num_samples`` trajectories per task, grouped by task, over up to ``max_turns`` turns.
 
     Environments are reset and stepped concurrently; one that raises or takes longer than
     ``step_timeout`` seconds ends its trajectory with an error (and is replaced in the pool).
+    An episode whose env gives no verdict (``info["correct"]``) is solved when its return reaches
+    ``success_reward``; that verdict is recorded in the last step's info.
     """
     episodes = [_Episode(env, task) for env, task in
                 zip(envs.take(len(tasks) * num_samples), [t for t in tasks for _ in range(num_samples)])]
-    resets = _call_all([lambda ep=ep: ep.env.reset(options={"task": ep.traj.task}) for ep in episodes], step_timeout)
+    resets = _call_all([lambda ep=ep: reset_episode(ep.env, ep.traj.task) for ep in episodes], step_timeout)
     for ep, (ok, value) in zip(episodes, resets):
         try:
             if not ok:
@@ -187,6 +179,10 @@ def run_episodes(
                     envs.replace(ep.env)
                 continue
             _after_step(ep, gen, text, value, tokenizer, last_turn=turn == max_turns - 1, max_context=max_context)
+    for ep in episodes:
+        steps = ep.traj.steps
+        if steps and ep.traj.error is None and all(success(s.info) is None for s in steps):
+            steps[-1].info["correct"] = ep.traj.reward >= success_reward
     return [ep.traj for ep in episodes]
 
 
@@ -207,8 +203,11 @@ def _after_step(ep: _Episode, gen: Generation, text: str, result: tuple, tokeniz
     try:
         observation, reward, terminated, truncated, info = result
         step = Step(text, observation_text(observation), float(reward), bool(terminated), bool(truncated), dict(info))
+    except EnvError as e:
+        ep.fail("step", e)
+        return
     except (TypeError, ValueError) as e:
-        ep.fail("step", ValueError(f"step() must return (observation, reward, terminated, truncated, info): {e}"))
+        ep.fail("bad_return", ValueError(f"step() must return (observation, reward, terminated, truncated, info): {e}"))
         return
     traj.steps.append(step)
     traj.reward += step.reward  # the episode's return

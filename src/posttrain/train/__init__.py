@@ -1,5 +1,6 @@
-"""The training loop and its checkpoints."""
+"""The training loops, the run context they share, and their checkpoints."""
 
-from posttrain.train.trainer import Trainer, TrainResult
+from posttrain.train.context import RunContext, TrainResult
+from posttrain.train.trainer import Trainer
 
-__all__ = ["TrainResult", "Trainer"]
+__all__ = ["RunContext", "TrainResult", "Trainer"]

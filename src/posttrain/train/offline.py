@@ -13,11 +13,9 @@ share a single forward of that prompt, and only agent tokens go through the LM h
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -26,14 +24,11 @@ from posttrain.config import ConfigError, RunConfig
 from posttrain.data.demonstrations import load_demonstrations
 from posttrain.data.pairs import PreferencePair, preference_pairs, split_by_success
 from posttrain.data.store import DataError, TrajectoryStore
-from posttrain.envs import make_env
 from posttrain.eval import EvalResult
 from posttrain.models import Policy
-from posttrain.rollout import EnvPool, HFBackend
-from posttrain.train.checkpoint import save_checkpoint
-from posttrain.train.metrics import MetricsLogger
+from posttrain.train.context import ProgressHook, RunContext, TrainResult
 from posttrain.train.optimizer import adamw
-from posttrain.train.trainer import ProgressHook, RunningStats, TrainResult, evaluate_and_record
+from posttrain.train.stats import RunningStats
 from posttrain.types import Batch, Trajectory
 
 PAIRED = ("dpo", "ipo", "cdpo")
@@ -73,18 +68,10 @@ class OfflineTrainer:
     def __init__(self, cfg: RunConfig, progress: ProgressHook | None = None):
         self.cfg = cfg
         self.off = cfg.offline
-        self.progress = progress or (lambda *a: None)
-        if cfg.train.threads:
-            torch.set_num_threads(cfg.train.threads)
-        random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
-        self.run_dir = Path(cfg.output_dir)
-        self.envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs))
-        self.eval_tasks = self.envs.tasks("eval")[: cfg.eval.num_tasks]
-        self.policy = Policy.load(cfg.model)
+        self.ctx = RunContext(cfg, progress, generation_batch=cfg.eval.batch_size)
+        self.policy = self.ctx.policy
+        self.eval_tasks = self.ctx.tasks("eval")
         self.examples, self.labels = self._load_examples()
-        self.backend = HFBackend(self.policy.model, self.policy.tokenizer, cfg.eval.batch_size, cfg.seed,
-                                 cfg.model.pack_weights)
         self.optimizer = adamw(self.policy.trainable_parameters(), self.off.learning_rate, cfg.train.weight_decay)
         warmup = cfg.train.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -154,16 +141,14 @@ class OfflineTrainer:
     # ----------------------------------------------------------------- loop
 
     def train(self) -> TrainResult:
-        cfg, off = self.cfg, self.off
+        cfg, off, ctx = self.cfg, self.off, self.ctx
         start = time.time()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
-        logger = MetricsLogger(self.run_dir)
+        ctx.start_run()
         try:
-            before = self.evaluate(logger) if cfg.eval.before_training else None
+            before = self.evaluate() if cfg.eval.before_training else None
             t0 = time.time()
             self.precompute_reference()
-            logger.log("train", 0, {"examples": float(len(self.examples)), "reference_seconds": time.time() - t0})
+            ctx.log("train", 0, {"examples": float(len(self.examples)), "reference_seconds": time.time() - t0})
             rng = random.Random(cfg.seed)
             per_epoch = -(-len(self.examples) // off.batch_size)
             total = off.epochs * per_epoch
@@ -174,33 +159,30 @@ class OfflineTrainer:
                     self.step += 1
                     metrics = self.train_step(order[s : s + off.batch_size])
                     metrics["epoch"] = float(epoch + 1)
-                    logger.log("train", self.step, metrics)
-                    self.progress("train", self.step, total, metrics)
-            after = self.evaluate(logger)
-            save_checkpoint(self.run_dir, self.step, self.policy, self.optimizer, self.scheduler,
-                            {"method": off.method})
+                    ctx.log("train", self.step, metrics)
+                    ctx.progress("train", self.step, total, metrics)
+            after = self.evaluate()
+            ctx.save_checkpoint(self.step, self.optimizer, self.scheduler, {"method": off.method})
         finally:
-            logger.close()
-        result = TrainResult(self.run_dir, before, after, self.step, time.time() - start)
-        summary = {"method": off.method, "examples": len(self.examples), "steps": self.step,
-                   "seconds": result.seconds, "before": before.metrics() if before else None,
-                   "after": after.metrics()}
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            ctx.close()
+        result = TrainResult(ctx.run_dir, before, after, self.step, time.time() - start)
+        ctx.write_summary({"method": off.method, "examples": len(self.examples), "steps": self.step,
+                           "seconds": result.seconds, "before": before.metrics() if before else None,
+                           "after": after.metrics()})
         return result
 
-    def evaluate(self, logger: MetricsLogger | None = None) -> EvalResult:
-        return evaluate_and_record(self.cfg, self.envs, self.backend, self.policy.tokenizer, self.eval_tasks,
-                                   self.step, self.run_dir, self.progress, logger)
+    def evaluate(self) -> EvalResult:
+        return self.ctx.evaluate(self.step, self.eval_tasks)
 
     # ----------------------------------------------------------------- one step
 
     def train_step(self, items: list[int]) -> dict[str, float]:
         """One optimiser step on the examples ``items``, in micro-batches."""
         t0 = time.time()
-        self.policy.model.train()
+        kl = self._kto_reference_point(items) if self.off.method == "kto" else None
+        self.policy.model.train()  # for the update only: dropout and activation checkpointing act
         self.optimizer.zero_grad(set_to_none=True)
         stats = RunningStats()
-        kl = self._kto_reference_point(items) if self.off.method == "kto" else None
         tokens = float(sum(t.num_sampled_tokens for t in self._rows(items)))
         loss_total = 0.0
         for s in range(0, len(items), self.off.microbatch_size):
@@ -208,6 +190,7 @@ class OfflineTrainer:
             loss = self._micro_loss(micro, len(items), tokens, kl, stats)
             loss.backward()
             loss_total += loss.item()
+        self.policy.model.eval()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), self.cfg.train.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from posttrain.algorithms import keyed_group_advantages, role_conditioned_advantages
-from posttrain.algorithms.objective import loss as algorithm_loss
+from posttrain.algorithms import Algorithm, Normaliser
 from posttrain.config import ConfigError, RunConfig
 from posttrain.envs import EnvError, is_multi_agent, make_env
 from posttrain.models import Policy
@@ -76,6 +76,9 @@ class SelfPlayTrainer:
             add_role_adapters(self.policy.model, self.roles)
         self.backend = HFBackend(self.policy.model, self.policy.tokenizer, cfg.rollout.batch_size, cfg.seed,
                                  cfg.model.pack_weights)
+        # One optimiser step per sampled batch: the loss is on-policy (ratio 1, old log-probs not needed).
+        self.algorithm = Algorithm(cfg.algorithm.model_copy(update={"beta": 0.0}),
+                                   max_new_tokens=cfg.rollout.max_new_tokens)
         self.params = [p for n, p in self.policy.model.named_parameters() if p.requires_grad or "lora_" in n]
         self.optimizer = adamw([{"params": self.params}], cfg.train.learning_rate, cfg.train.weight_decay)
         warmup = cfg.train.warmup_steps
@@ -202,10 +205,10 @@ class SelfPlayTrainer:
                 micro = batch.select(torch.tensor(rows[s : s + cfg.train.microbatch_size]))
                 outputs = self.policy.forward(micro.input_ids, micro.attention_mask, micro.loss_mask,
                                               micro.prompt_lengths)
-                loss, _ = algorithm_loss(cfg.algorithm, outputs, micro, beta=0.0, total_tokens=total_tokens,
-                                         total_sequences=float(len(batch)), max_new_tokens=cfg.rollout.max_new_tokens)
+                loss = self.algorithm.loss(outputs, micro, Normaliser(total_tokens, float(len(batch)))).loss
                 loss.backward()
                 loss_total += loss.item()
+        self.policy.model.eval()  # generation and evaluation run in eval mode
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.train.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()

@@ -1,0 +1,144 @@
+"""The run context: what every command sets up from a config, written once.
+
+``posttrain train``, ``dpo``/``sft``, ``collect`` and ``eval`` all need the same things: seeded
+RNGs and a thread count, a run directory, a pool of environment instances and its task splits, the
+policy, a generation backend, a metrics logger, held-out evaluation and checkpoints. A
+:class:`RunContext` holds them; the commands differ only in what they do with them.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from posttrain.config import RunConfig
+from posttrain.envs import EnvError, make_env
+from posttrain.eval import EvalResult, evaluate
+from posttrain.models import Policy
+from posttrain.rollout import EnvPool, HFBackend, SamplingParams, run_episodes
+from posttrain.train.checkpoint import save_checkpoint
+from posttrain.train.metrics import MetricsLogger
+from posttrain.types import Task, Trajectory
+
+ProgressHook = Callable[[str, int, int, dict], None]
+"""Called as hook(phase, done, total, info) with phase 'train' or 'eval'."""
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    before: EvalResult | None
+    after: EvalResult | None
+    steps: int
+    seconds: float
+
+
+def seed_everything(seed: int, threads: int = 0) -> None:
+    """Seed Python's and torch's global RNGs; fix torch's CPU thread count (0 keeps torch's default)."""
+    if threads:
+        torch.set_num_threads(threads)
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class RunContext:
+    """Seeding, run directory, env pool and tasks, policy, backend, logger, evaluation, checkpoints.
+
+    ``generation_batch`` is the backend's most sequences per batched call (the rollout's by default);
+    ``checkpoint`` loads a saved policy instead of ``model.name``; ``need_reference`` keeps a frozen
+    reference model for a KL term.
+    """
+
+    def __init__(self, cfg: RunConfig, progress: ProgressHook | None = None, *, need_reference: bool = False,
+                 checkpoint: str | None = None, generation_batch: int | None = None):
+        self.cfg = cfg
+        self.progress: ProgressHook = progress or (lambda *a: None)
+        seed_everything(cfg.seed, cfg.train.threads)
+        self.run_dir = Path(cfg.output_dir)
+        self.envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs))
+        self.policy = Policy.load(cfg.model, need_reference=need_reference, checkpoint=checkpoint)
+        self.policy.model.eval()  # trainers switch to train mode for their updates only
+        self.backend = HFBackend(self.policy.model, self.policy.tokenizer, generation_batch or cfg.rollout.batch_size,
+                                 cfg.seed, cfg.model.pack_weights)
+        self.logger: MetricsLogger | None = None
+
+    # ------------------------------------------------------------------ tasks and rollouts
+
+    def tasks(self, split: str) -> list[Task]:
+        """The env's tasks of ``split`` (seed tasks for envs without ``tasks()``); eval is cut to eval.num_tasks."""
+        env = self.cfg.env
+        tasks = self.envs.tasks(split, env.train_seeds, env.eval_seed_start, self.cfg.eval.num_tasks)
+        return tasks[: self.cfg.eval.num_tasks] if split == "eval" else tasks
+
+    def train_tasks(self) -> list[Task]:
+        tasks = self.tasks("train")
+        if not tasks:
+            raise EnvError(f"env {self.cfg.env.id!r} has no training tasks (its tasks('train') is empty)")
+        return tasks
+
+    def sampling(self) -> SamplingParams:
+        """The rollout section's sampling parameters."""
+        r = self.cfg.rollout
+        return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
+                              stop=tuple(r.stop))
+
+    def rollout(self, tasks: list[Task], params: SamplingParams, samples_per_task: int) -> list[Trajectory]:
+        """``samples_per_task`` episodes of each task under the config's turn, context and time limits."""
+        cfg = self.cfg
+        return run_episodes(self.envs, self.backend, self.policy.tokenizer, tasks, params, samples_per_task,
+                            cfg.rollout.max_turns, cfg.rollout.max_context_tokens, cfg.env.step_timeout,
+                            cfg.env.success_reward)
+
+    # ------------------------------------------------------------------ the run directory
+
+    def start_run(self) -> MetricsLogger:
+        """Create the run directory, record the config, open the metrics logger."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(self.cfg.model_dump_json(indent=2))
+        self.logger = MetricsLogger(self.run_dir)
+        return self.logger
+
+    def close(self) -> None:
+        if self.logger is not None:
+            self.logger.close()
+            self.logger = None
+
+    def log(self, split: str, step: int, metrics: dict[str, float]) -> None:
+        if self.logger is not None:
+            self.logger.log(split, step, metrics)
+
+    def evaluate(self, step: int, tasks: list[Task] | None = None,
+                 on_progress: Callable[[int], None] | None = None) -> EvalResult:
+        """Held-out evaluation after ``step`` updates, reported to the progress hook and, once the run has
+        started, logged with its samples written to ``run_dir/eval_samples``."""
+        tasks = self.tasks("eval") if tasks is None else tasks
+        done = 0
+
+        def tick(n: int) -> None:
+            nonlocal done
+            done += n
+            self.progress("eval", done, len(tasks), {})
+            if on_progress:
+                on_progress(n)
+
+        cfg = self.cfg
+        result = evaluate(self.envs, self.backend, self.policy.tokenizer, tasks, cfg.eval, cfg.rollout,
+                          cfg.env.step_timeout, tick, cfg.env.success_reward)
+        self.progress("eval", len(tasks), len(tasks), {"step": step, **result.metrics()})
+        if self.logger is not None:
+            self.logger.log("eval", step, result.metrics())
+            samples = self.run_dir / "eval_samples" / f"step-{step:06d}.jsonl"
+            samples.parent.mkdir(parents=True, exist_ok=True)
+            samples.write_text("".join(json.dumps(s) + "\n" for s in result.samples))
+        return result
+
+    def save_checkpoint(self, step: int, optimizer, scheduler, extra: dict) -> Path:
+        return save_checkpoint(self.run_dir, step, self.policy, optimizer, scheduler, extra)
+
+    def write_summary(self, summary: dict) -> None:
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
