@@ -188,9 +188,11 @@ class AlgorithmSection(_Section):
     gae_level: Literal["token", "turn"] = Field(
         "token", description="PPO: GAE over tokens, or over agent turns (each turn's tokens share its advantage)."
     )
-    credit: Literal["trajectory", "turn"] = Field(
+    credit: Literal["trajectory", "turn", "step"] = Field(
         "trajectory", description="Group estimators (grpo, dr_grpo, dapo, gspo) in multi-turn episodes: one "
-        "advantage per trajectory, or per turn from the discounted return (gamma) of its own and later step rewards."
+        "advantage per trajectory, or per turn from the discounted return (gamma) of its own and later step rewards; "
+        "step: GRPO with process supervision (Shao et al. 2024, section 4.1.3) from a dense process reward "
+        "(reward.components: prm), the group-normalised step rewards still to come plus the outcome advantage."
     )
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount per step: PPO's GAE step (token or turn), or "
                          "per turn with credit=turn.")
@@ -210,8 +212,8 @@ class AlgorithmSection(_Section):
                              "the loss")
         if self.name == "gspo" and self.beta > 0:
             raise ValueError("algorithm gspo has no KL term in its loss: set algorithm.beta=0")
-        if self.credit == "turn" and self.name not in ("grpo", "dr_grpo", "dapo", "gspo"):
-            raise ValueError(f"algorithm.credit=turn is for grpo, dr_grpo, dapo and gspo; {self.name} "
+        if self.credit != "trajectory" and self.name not in ("grpo", "dr_grpo", "dapo", "gspo"):
+            raise ValueError(f"algorithm.credit={self.credit} is for grpo, dr_grpo, dapo and gspo; {self.name} "
                              + ("assigns credit per turn with gae_level=turn" if self.name == "ppo" else
                                 "assigns credit per trajectory"))
         if self.gae_level == "turn" and self.kl_in_reward and self.beta > 0:
@@ -479,6 +481,16 @@ class RunConfig(_Section):
                 f"algorithm.overlong_buffer ({self.algorithm.overlong_buffer}) must not exceed "
                 f"rollout.max_new_tokens ({self.rollout.max_new_tokens})"
             )
+        dense = any(c.name == "prm" and c.kwargs.get("dense", True) for c in self.reward.components)
+        algo = self.algorithm
+        takes_dense = algo.credit == "step" or (algo.name == "ppo" and algo.gae_level == "token")
+        if dense and not takes_dense:
+            raise ValueError("a dense prm reward needs algorithm.credit=step (group estimators) or algorithm.name=ppo "
+                             "with gae_level=token; or set its kwargs.dense=false to score trajectories by their "
+                             "weakest step")
+        if self.algorithm.credit == "step" and not dense:
+            raise ValueError("algorithm.credit=step assigns dense process rewards: add {name: prm, kwargs: {path: ...}} "
+                             "to reward.components")
         if self.sft.weight > 0 and not self.sft.demonstrations:
             raise ValueError("sft.weight > 0 mixes an SFT loss into training: set sft.demonstrations to a JSONL file")
         batch = self.train.tasks_per_step * self.algorithm.group_size

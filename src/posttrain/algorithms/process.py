@@ -12,19 +12,21 @@ from posttrain.algorithms.advantages import group_relative_advantages
 
 
 def dense_token_rewards(dense: list[list[tuple[int, float]]], prompt_lengths: torch.Tensor,
-                        shape: torch.Size) -> torch.Tensor:
-    """``[B, T]`` zeros with each step reward at its token (batch coordinates: prompt length + index)."""
-    out = torch.zeros(shape)
+                        shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[B, T]`` step rewards at their tokens (batch coordinates: prompt length + completion index),
+    and the ``[B, T]`` bool mask of those step-end tokens."""
+    rewards, ends = torch.zeros(shape), torch.zeros(shape, dtype=torch.bool)
     for b, pairs in enumerate(dense):
         for index, reward in pairs:
             col = int(prompt_lengths[b]) + index
             if col < shape[1]:
-                out[b, col] += reward
-    return out
+                rewards[b, col] += reward
+                ends[b, col] = True
+    return rewards, ends
 
 
-def process_supervised_advantages(outcome: torch.Tensor, dense: list[list[tuple[int, float]]], mask: torch.Tensor,
-                                  prompt_lengths: torch.Tensor, group_size: int, scale: bool = True,
+def process_supervised_advantages(outcome: torch.Tensor, step_rewards: torch.Tensor, step_ends: torch.Tensor,
+                                  mask: torch.Tensor, group_size: int, scale: bool = True,
                                   eps: float = 1e-4) -> torch.Tensor:
     """GRPO with process supervision (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, section 4.1.3), plus the outcome.
 
@@ -36,16 +38,14 @@ def process_supervised_advantages(outcome: torch.Tensor, dense: list[list[tuple[
 
     Args:
         outcome: ``[B]`` outcome rewards, the G samples of a task contiguous.
-        dense: per row, ``(completion token index, reward)`` of each step end.
-        mask: ``[B, T]`` loss mask (1 on sampled tokens), batch coordinates.
-        prompt_lengths: ``[B]``, to place completion indices in the batch.
+        step_rewards: ``[B, T]`` each step's reward at its last token (:func:`dense_token_rewards`).
+        step_ends: ``[B, T]`` True at the steps' last tokens.
+        mask: ``[B, T]`` loss mask (1 on sampled tokens).
     Returns:
         ``[B, T]`` advantages, 0 where ``mask`` is 0.
     """
-    rewards = dense_token_rewards(dense, prompt_lengths, mask.shape)
-    is_step = dense_token_rewards([[(i, 1.0) for i, _ in pairs] for pairs in dense], prompt_lengths, mask.shape) > 0
     b, t = mask.shape
-    grouped_r, grouped_s = rewards.view(-1, group_size * t), is_step.view(-1, group_size * t).float()
+    grouped_r, grouped_s = step_rewards.reshape(-1, group_size * t), step_ends.reshape(-1, group_size * t).float()
     count = grouped_s.sum(dim=1, keepdim=True)
     mean = (grouped_r * grouped_s).sum(dim=1, keepdim=True) / count.clamp(min=1)
     normalised = (grouped_r - mean) * grouped_s
