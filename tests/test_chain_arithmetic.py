@@ -36,4 +36,5 @@ def test_env_scores_answers_and_steps():
     assert (reward, terminated, info["correct"], info["step_correct"]) == (1.0, True, True, [True] * len(terms))
     env.reset(options={"task": task})
     assert env.step(f"Answer: {value + 1}")[1] == 0.0
-    assert ChainArithmeticEnv(examples=0).reset(options={"task": task})[0] == ({"role": "user", "content": task.prompt},)
+    bare = ChainArithmeticEnv(examples=0).reset(options={"task": task})[0]
+    assert bare == ({"role": "user", "content": task.prompt},)

@@ -35,7 +35,8 @@ def test_math_answers(text, answer, correct):
 ])
 def test_exact_fast_path_agrees_with_math_verify(text, answer):
     """Where the exact check decides (a plain final number), math-verify gives the same verdict."""
-    assert math_answer_correct(text, answer) == bool(exact_match_reward(text, answer)) == math_verify_equal(text, answer)
+    exact = bool(exact_match_reward(text, answer))
+    assert math_answer_correct(text, answer) == exact == math_verify_equal(text, answer)
 
 
 def test_nested_boxed():

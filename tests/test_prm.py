@@ -74,7 +74,8 @@ def test_prm_learns_to_rank_held_out_steps(tokenizer):
         for i in range(0, len(train), 8):
             model.train()
             optimizer.zero_grad()
-            prm_loss(_logits(model, tok.pad_token_id, train[i : i + 8]), [x.labels for x in train[i : i + 8]]).backward()
+            batch = train[i : i + 8]
+            prm_loss(_logits(model, tok.pad_token_id, batch), [x.labels for x in batch]).backward()
             optimizer.step()
     auc, steps = step_auc(model, tok.pad_token_id, held)
     assert steps == 48 and auc > 0.95

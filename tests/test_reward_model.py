@@ -34,7 +34,8 @@ def _store(path, tasks=20):
 def test_reward_model_learns_held_out_preferences_and_scores_trajectories(tmp_path):
     trajs = _store(tmp_path / "store")
     cfg = load_config(None, [f"reward_model.store={tmp_path / 'store'}", "model.name=tiny-random",
-                             "reward_model.learning_rate=3e-3", "reward_model.epochs=3", "reward_model.eval_fraction=0.25",
+                             "reward_model.learning_rate=3e-3", "reward_model.epochs=3",
+                             "reward_model.eval_fraction=0.25",
                              f"output_dir={tmp_path / 'run'}"])
     result = train_reward_model(cfg)
     assert result.eval_pairs == 5 * 4 and result.train_pairs == 15 * 4  # 5 of 20 tasks held out, 4 pairs each

@@ -51,8 +51,9 @@ def test_grpo_with_dense_process_rewards(tmp_path):
     torch.nn.init.normal_(model.score.weight, std=1.0)
     model.save_pretrained(tmp_path / "prm")
     tok.save_pretrained(tmp_path / "prm")
+    prm = f"{{name: prm, kwargs: {{path: '{tmp_path / 'prm'}'}}}}"
     trainer, metrics = _train(tmp_path, "algorithm.credit=step", "algorithm.beta=0",
-                              f"reward.components=[{{name: correctness}}, {{name: prm, kwargs: {{path: '{tmp_path / 'prm'}'}}}}]")
+                              f"reward.components=[{{name: correctness}}, {prm}]")
     assert all(trainer.scored.dense) and 0 < metrics["reward/prm"] < 1
     assert metrics["optimizer_steps"] == 1  # the step rewards differ, so rows train even if outcomes tie
 

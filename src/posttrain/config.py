@@ -489,8 +489,8 @@ class RunConfig(_Section):
                              "with gae_level=token; or set its kwargs.dense=false to score trajectories by their "
                              "weakest step")
         if self.algorithm.credit == "step" and not dense:
-            raise ValueError("algorithm.credit=step assigns dense process rewards: add {name: prm, kwargs: {path: ...}} "
-                             "to reward.components")
+            raise ValueError("algorithm.credit=step assigns dense process rewards: add {name: prm, kwargs: "
+                             "{path: ...}} to reward.components")
         if self.sft.weight > 0 and not self.sft.demonstrations:
             raise ValueError("sft.weight > 0 mixes an SFT loss into training: set sft.demonstrations to a JSONL file")
         batch = self.train.tasks_per_step * self.algorithm.group_size

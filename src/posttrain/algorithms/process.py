@@ -28,7 +28,7 @@ def dense_token_rewards(dense: list[list[tuple[int, float]]], prompt_lengths: to
 def process_supervised_advantages(outcome: torch.Tensor, step_rewards: torch.Tensor, step_ends: torch.Tensor,
                                   mask: torch.Tensor, group_size: int, scale: bool = True,
                                   eps: float = 1e-4) -> torch.Tensor:
-    """GRPO with process supervision (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, section 4.1.3), plus the outcome.
+    """GRPO with process supervision (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, 4.1.3), plus the outcome.
 
     The step rewards of a group's G solutions are normalised together, r~ = (r - mean) / std over
     every step of the group; a token's process advantage is the sum of the normalised rewards of

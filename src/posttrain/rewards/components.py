@@ -43,7 +43,7 @@ def tool_call_validity(trajectory: Trajectory) -> float:
 
 
 def length_penalty(trajectory: Trajectory, max_tokens: int = 256, free_tokens: int = 0) -> float:
-    """-(tokens - free_tokens) / (max_tokens - free_tokens), clamped to [-1, 0]: sampled tokens past a free budget cost."""
+    """-(tokens - free_tokens) / (max_tokens - free_tokens), clamped to [-1, 0]: tokens past a free budget cost."""
     if max_tokens <= free_tokens:
         raise ValueError(f"length penalty needs max_tokens > free_tokens, got {max_tokens} and {free_tokens}")
     over = (trajectory.num_sampled_tokens - free_tokens) / (max_tokens - free_tokens)

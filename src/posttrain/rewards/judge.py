@@ -78,7 +78,8 @@ class _LocalJudge:
 
     def _ask(self, prompts: list[str]) -> list[str]:
         ids = [encode_prompt(self.tokenizer, p) for p in prompts]
-        return [self.tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in self.backend.generate(ids, self.params)]
+        replies = self.backend.generate(ids, self.params)
+        return [self.tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in replies]
 
 
 class Judge(_LocalJudge):

@@ -92,7 +92,8 @@ class ProcessRewardScorer:
 
     def __init__(self, path: str, dense: bool = True, delimiter: str = "\n", batch_size: int = 16):
         if not (Path(path) / "config.json").is_file():
-            raise ModelLoadError(f"process reward model {path!r}: no config.json (train one with `posttrain prm train`)")
+            raise ModelLoadError(f"process reward model {path!r}: no config.json "
+                                 "(train one with `posttrain prm train`)")
         self.model, self.tokenizer = load_prm(path)
         self.model.eval().requires_grad_(False)
         self.is_dense, self.delimiter, self.batch_size = dense, delimiter, batch_size

@@ -96,10 +96,12 @@ def _truth(trajectory: Trajectory, n: int) -> list[bool] | None:
     return [bool(m) for m in marks] if isinstance(marks, list) and len(marks) == n else None
 
 
-def label_solutions(cfg: RunConfig, envs: EnvPool, backend, tokenizer, tasks, monte_carlo: bool) -> list[LabelledSolution]:
+def label_solutions(cfg: RunConfig, envs: EnvPool, backend, tokenizer, tasks,
+                    monte_carlo: bool) -> list[LabelledSolution]:
     """Sample ``prm.solutions`` per task and label every step as ``prm.labels`` and ``prm.label_type`` say."""
     p, r = cfg.prm, cfg.rollout
-    params = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens, stop=tuple(r.stop))
+    params = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
+                            stop=tuple(r.stop))
     solutions = [t for t in run_episodes(envs, backend, tokenizer, tasks, params, p.solutions, 1, r.max_context_tokens,
                                          cfg.env.step_timeout) if t.error is None and t.num_sampled_tokens]
     ends = [step_ends(tokenizer, t.completion_ids, t.loss_mask, p.step_delimiter) for t in solutions]

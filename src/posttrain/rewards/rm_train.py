@@ -52,7 +52,8 @@ def load_pairs(cfg: RunConfig) -> list[PreferencePair]:
         raise DataError(f"trajectory store {rm.store} holds no trajectories (write one with `posttrain collect`)")
     pairs = preference_pairs(store.trajectories(), cfg.offline.min_reward_gap, cfg.offline.max_pairs_per_task)
     if not pairs:
-        raise DataError(f"trajectory store {rm.store}: no preference pairs (no task has samples with different rewards)")
+        raise DataError(f"trajectory store {rm.store}: no preference pairs (no task has samples with different "
+                        "rewards)")
     return pairs
 
 
