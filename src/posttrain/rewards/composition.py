@@ -90,7 +90,10 @@ class _Component:
         """(score per trajectory, errors); a failing trajectory (or a failing batch call) scores 0."""
         if self.model is not None:
             try:
-                return [_finite(s) for s in self.model.score(trajectories, group_size)], 0
+                out = [_finite(s) for s in self.model.score(trajectories, group_size)]
+                if len(out) != len(trajectories):
+                    raise ValueError(f"{len(out)} scores for {len(trajectories)} trajectories")
+                return out, 0
             except Exception:  # noqa: BLE001 - untrusted output: count it, score 0, train on
                 return [0.0] * len(trajectories), len(trajectories)
         out, errors = [], 0
@@ -105,7 +108,10 @@ class _Component:
     def dense_rewards(self, trajectories: list[Trajectory]) -> tuple[list[list[tuple[int, float]]], int]:
         """(``(token index, reward)`` pairs per trajectory, errors); a failing batch gets no dense rewards."""
         try:
-            return [[(int(i), _finite(r)) for i, r in pairs] for pairs in self.model.dense(trajectories)], 0
+            out = [[(int(i), _finite(r)) for i, r in pairs] for pairs in self.model.dense(trajectories)]
+            if len(out) != len(trajectories):
+                raise ValueError(f"dense rewards for {len(out)} of {len(trajectories)} trajectories")
+            return out, 0
         except Exception:  # noqa: BLE001
             return [[] for _ in trajectories], len(trajectories)
 
