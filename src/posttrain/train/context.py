@@ -8,7 +8,6 @@ policy, a generation backend, a metrics logger, held-out evaluation and checkpoi
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from posttrain.eval import EvalResult, evaluate
 from posttrain.models import Policy
 from posttrain.rollout import EnvPool, HFBackend, SamplingParams, run_episodes
 from posttrain.train.checkpoint import save_checkpoint
-from posttrain.train.metrics import MetricsLogger
+from posttrain.train.metrics import MetricsLogger, dumps_finite
 from posttrain.types import Task, Trajectory
 
 ProgressHook = Callable[[str, int, int, dict], None]
@@ -134,11 +133,11 @@ class RunContext:
             self.logger.log("eval", step, result.metrics())
             samples = self.run_dir / "eval_samples" / f"step-{step:06d}.jsonl"
             samples.parent.mkdir(parents=True, exist_ok=True)
-            samples.write_text("".join(json.dumps(s) + "\n" for s in result.samples))
+            samples.write_text("".join(dumps_finite(s) + "\n" for s in result.samples))
         return result
 
     def save_checkpoint(self, step: int, optimizer, scheduler, extra: dict) -> Path:
         return save_checkpoint(self.run_dir, step, self.policy, optimizer, scheduler, extra)
 
     def write_summary(self, summary: dict) -> None:
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        (self.run_dir / "summary.json").write_text(dumps_finite(summary, indent=2))

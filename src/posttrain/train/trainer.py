@@ -25,8 +25,10 @@ from posttrain.envs.contract import step_metrics
 from posttrain.eval import EvalResult
 from posttrain.models.value import Critic
 from posttrain.rewards.composition import RewardComposer
+from posttrain.rollout.episodes import raise_if_all_failed
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
 from posttrain.train.optimizer import adamw, lr_schedule
+from posttrain.train.stopping import RunGuard
 from posttrain.train.stats import RunningStats
 from posttrain.types import Batch, Rewards, Task, Trajectory
 
@@ -76,22 +78,29 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         start = time.time()
         ctx.start_run()
-        try:
-            before = self.evaluate() if cfg.eval.before_training else None
-            while self.step < cfg.train.steps:
-                self.step += 1
-                metrics = self.train_step()
-                ctx.log("train", self.step, metrics)
-                ctx.progress("train", self.step, cfg.train.steps, metrics)
-                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
-                    self.evaluate()
-                if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+        # A signal, a failing disk or a step without one working episode stops the run, saved first.
+        with RunGuard(self.save, lambda: self.step) as guard:
+            try:
+                before = self.evaluate() if cfg.eval.before_training else None
+                if before is not None:
+                    before.raise_if_all_failed("before training")
+                while self.step < cfg.train.steps:
+                    guard.check()
+                    metrics = self.train_step()  # raises EpisodesFailed before updating if every episode failed
+                    self.step += 1
+                    ctx.log("train", self.step, metrics)
+                    ctx.progress("train", self.step, cfg.train.steps, metrics)
+                    if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
+                        self.evaluate()
+                    if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+                        self.save()
+                guard.check()
+                after = self.evaluate()
+                after.raise_if_all_failed(f"after step {self.step}")
+                if not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every:
                     self.save()
-            after = self.evaluate()
-            if not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every:
-                self.save()
-        finally:
-            ctx.close()
+            finally:
+                ctx.close()
         result = TrainResult(ctx.run_dir, before, after, self.step, time.time() - start)
         ctx.write_summary({"steps": self.step, "seconds": result.seconds,
                            "before": before.metrics() if before else None, "after": after.metrics()})
@@ -176,6 +185,7 @@ class Trainer:
                 kept_scored.dense += scored.dense[group]
         info = {"sampling_rounds": float(rounds), "zero_variance_groups": flat_count / (len(sampled) // g)}
         rewards = torch.cat(kept_rewards) if kept_rewards else torch.zeros(0)
+        raise_if_all_failed(sampled, f"training step {self.step + 1}")  # nothing to learn from: stop, say why
         self.scored = kept_scored
         return kept, rewards, {**info, **rollout_metrics(sampled), **reward_stats.result()}
 
