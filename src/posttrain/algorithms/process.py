@@ -12,10 +12,10 @@ from posttrain.algorithms.advantages import group_relative_advantages
 
 
 def dense_token_rewards(dense: list[list[tuple[int, float]]], prompt_lengths: torch.Tensor,
-                        shape: torch.Size) -> tuple[torch.Tensor, torch.Tensor]:
+                        shape: torch.Size, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, T]`` step rewards at their tokens (batch coordinates: prompt length + completion index),
     and the ``[B, T]`` bool mask of those step-end tokens."""
-    rewards, ends = torch.zeros(shape), torch.zeros(shape, dtype=torch.bool)
+    rewards, ends = torch.zeros(shape, device=device), torch.zeros(shape, dtype=torch.bool, device=device)
     for b, pairs in enumerate(dense):
         for index, reward in pairs:
             col = int(prompt_lengths[b]) + index

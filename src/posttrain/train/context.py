@@ -19,7 +19,7 @@ from posttrain.config import RunConfig
 from posttrain.envs import EnvError, make_env
 from posttrain.eval import EvalResult, evaluate
 from posttrain.models import Policy
-from posttrain.rollout import EnvPool, HFBackend, SamplingParams, run_episodes
+from posttrain.rollout import EnvPool, SamplingParams, check_backend, make_backend, run_episodes
 from posttrain.train.checkpoint import save_checkpoint
 from posttrain.train.metrics import MetricsLogger, dumps_finite
 from posttrain.types import Task, Trajectory
@@ -60,10 +60,10 @@ class RunContext:
         seed_everything(cfg.seed, cfg.train.threads)
         self.run_dir = Path(cfg.output_dir)
         self.envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs))
+        check_backend(cfg)  # a missing vLLM fails before the model loads
         self.policy = Policy.load(cfg.model, need_reference=need_reference, checkpoint=checkpoint)
         self.policy.model.eval()  # trainers switch to train mode for their updates only
-        self.backend = HFBackend(self.policy.model, self.policy.tokenizer, generation_batch or cfg.rollout.batch_size,
-                                 cfg.seed, cfg.model.pack_weights)
+        self.backend = make_backend(cfg, self.policy, generation_batch)
         self.logger: MetricsLogger | None = None
 
     # ------------------------------------------------------------------ tasks and rollouts
@@ -126,6 +126,7 @@ class RunContext:
                 on_progress(n)
 
         cfg = self.cfg
+        self.backend.sync_weights()  # an engine with its own copy of the weights gets the latest
         result = evaluate(self.envs, self.backend, self.policy.tokenizer, tasks, cfg.eval, cfg.rollout,
                           cfg.env.step_timeout, tick, cfg.env.success_reward)
         self.progress("eval", len(tasks), len(tasks), {"step": step, **result.metrics()})

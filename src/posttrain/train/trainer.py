@@ -123,9 +123,15 @@ class Trainer:
         metrics["generation_seconds"] = time.time() - t0
         if trajectories:
             batch = self.batch(trajectories)
+            sampled = self.behaviour_logprobs(batch, trajectories)
+            own = self.ctx.backend.same_logprobs_as_trainer  # else an engine (vLLM) computed them its own way
             metrics.update(self.algorithm.prepare(batch, rewards, self.scored.step_rewards, self,
-                                                  self.behaviour_logprobs(batch, trajectories), self.scored.dense))
+                                                  sampled if own else None, None if own else sampled,
+                                                  dense=self.scored.dense))
             metrics.update(self.update(batch))
+            t_sync = time.time()
+            self.ctx.backend.sync_weights()  # the next rollout samples from the updated policy
+            metrics["weight_sync_seconds"] = time.time() - t_sync
             self.algorithm.after_step(metrics, len(trajectories))
         else:
             metrics.update(loss=0.0, grad_norm=0.0, optimizer_steps=0.0)
@@ -170,8 +176,9 @@ class Trainer:
             scored = self.reward(trajectories, g)
             for key, value in scored.metrics.items():
                 reward_stats.add(key, value, len(trajectories))
-            rewards = algo.shaped_rewards(torch.tensor(scored.total),
-                                          torch.tensor([t.num_sampled_tokens for t in trajectories]))
+            device = self.policy.device
+            rewards = algo.shaped_rewards(torch.tensor(scored.total, device=device),
+                                          torch.tensor([t.num_sampled_tokens for t in trajectories], device=device))
             flat = algo.flat_groups(rewards)
             flat_count += int(flat.sum())
             for k in range(len(trajectories) // g):
@@ -184,7 +191,7 @@ class Trainer:
                 kept_scored.step_rewards += scored.step_rewards[group]
                 kept_scored.dense += scored.dense[group]
         info = {"sampling_rounds": float(rounds), "zero_variance_groups": flat_count / (len(sampled) // g)}
-        rewards = torch.cat(kept_rewards) if kept_rewards else torch.zeros(0)
+        rewards = torch.cat(kept_rewards) if kept_rewards else torch.zeros(0, device=self.policy.device)
         raise_if_all_failed(sampled, f"training step {self.step + 1}")  # nothing to learn from: stop, say why
         self.scored = kept_scored
         return kept, rewards, {**info, **rollout_metrics(sampled), **reward_stats.result()}
@@ -193,8 +200,8 @@ class Trainer:
         """Padded tensors of the trajectories. A trajectory cut short by an environment failure says
         nothing about the policy's answer: it counts in its group's statistics (as reward 0) but its
         tokens are not trained on."""
-        batch = Batch.from_trajectories(trajectories, self.policy.pad_id)
-        failed = torch.tensor([t.error is not None for t in trajectories])
+        batch = Batch.from_trajectories(trajectories, self.policy.pad_id, self.policy.device)
+        failed = torch.tensor([t.error is not None for t in trajectories], device=batch.device)
         batch.loss_mask = batch.loss_mask * (~failed).unsqueeze(-1)
         return batch
 
@@ -207,11 +214,11 @@ class Trainer:
         """
         if self.sampling.temperature != 1.0 or self.sampling.top_p < 1.0:
             return None
-        out = torch.zeros_like(batch.loss_mask)
+        out = torch.zeros(batch.loss_mask.shape)  # filled on the host, moved once
         for i, t in enumerate(trajectories):
             start = len(t.prompt_ids)
             out[i, start : start + len(t.behaviour_logprobs)] = torch.tensor(t.behaviour_logprobs)
-        return out * batch.loss_mask
+        return out.to(batch.device) * batch.loss_mask
 
     # ----------------------------------------------------------------- no-gradient passes (BatchScorer)
 
@@ -324,7 +331,7 @@ class Trainer:
         n = self.cfg.sft.batch_size
         demos = [self.demonstrations[(self._next_demo + i) % len(self.demonstrations)] for i in range(n)]
         self._next_demo = (self._next_demo + n) % len(self.demonstrations)
-        batch = Batch.from_trajectories(demos, self.policy.pad_id)
+        batch = Batch.from_trajectories(demos, self.policy.pad_id, self.policy.device)
         lp, _ = self.policy.logprobs(batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths)
         nll = sft_loss(lp, batch.loss_mask)
         (self.cfg.sft.weight * nll).backward()
