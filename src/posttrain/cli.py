@@ -1,4 +1,4 @@
-"""Command line: ``posttrain train|eval|collect|dpo|sft|envs|config|sandbox``.
+"""Command line: ``posttrain train|eval|collect|dpo|sft|rm|prm|envs|config|sandbox``.
 
 User mistakes (a bad config, a missing file, an unknown environment or model) print one line
 naming what is wrong and exit with code 2, without a traceback.
@@ -281,6 +281,50 @@ def config_reference() -> None:
     from posttrain.config import reference_markdown
 
     sys.stdout.write(reference_markdown() + "\n")
+
+
+rm_app = typer.Typer(no_args_is_help=True, help="Outcome reward models (Bradley-Terry on preference pairs).")
+app.add_typer(rm_app, name="rm")
+prm_app = typer.Typer(no_args_is_help=True, help="Process reward models (step labels from Monte Carlo rollouts).")
+app.add_typer(prm_app, name="prm")
+
+
+@rm_app.command("train")
+def rm_train(
+    config: str = typer.Argument(..., help="YAML run config; its reward_model section says what to train on."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Train a Bradley-Terry reward model on a trajectory store's pairs; report held-out pairwise accuracy."""
+    with _user_errors():
+        cfg = load_config(config, overrides)
+        from posttrain.rewards.rm_train import train_reward_model
+
+        with _progress() as progress:
+            hook = _progress_hook(progress, lambda info: f"loss {info['loss']:.3f}  acc {info['accuracy']:.2f}")
+            result = train_reward_model(cfg, progress=hook)
+    Console().print(f"reward model: {result.train_pairs} training pairs, held-out pairwise accuracy "
+                    f"{result.accuracy_before:.1%} -> {result.accuracy_after:.1%} on {result.eval_pairs} pairs "
+                    f"({result.seconds / 60:.1f} min); saved to {result.output}")
+
+
+@prm_app.command("train")
+def prm_train(
+    config: str = typer.Argument(..., help="YAML run config; its prm section says how to label and train."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Label sampled solutions step by step, train a process reward model, report held-out step AUC."""
+    with _user_errors():
+        cfg = load_config(config, overrides)
+        from posttrain.rewards.prm_train import train_prm
+
+        with _progress() as progress:
+            hook = _progress_hook(progress, lambda info: f"loss {info['loss']:.3f}")
+            progress.console.print("sampling and labelling solutions (no progress bar until training starts)")
+            result = train_prm(cfg, progress=hook)
+    Console().print(f"process reward model: {result.train_solutions} solutions, {result.train_steps} labelled steps "
+                    f"({result.train_success:.1%} solved); held-out step AUC {result.auc_before:.3f} -> "
+                    f"{result.auc_after:.3f} on {result.eval_steps} steps (labels' own AUC {result.label_auc:.3f}); "
+                    f"{result.seconds / 60:.1f} min; saved to {result.output}")
 
 
 sandbox_app = typer.Typer(no_args_is_help=True, help="Run untrusted Python in the sandbox.")

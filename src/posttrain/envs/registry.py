@@ -108,6 +108,12 @@ register(
     "Multi-digit arithmetic solved over several turns with a calculator tool (ReAct or JSON calls)",
 )
 register(
+    "chain_arithmetic",
+    "posttrain.envs.chain_arithmetic:ChainArithmeticEnv",
+    "Sums of several terms solved one operation per line (the steps process rewards score); reward 1 for the "
+    "right answer, each line marked right or wrong in info['step_correct']",
+)
+register(
     "sql_qa",
     "posttrain.envs.sql_qa:SQLQAEnv",
     "Questions about a generated SQLite employees database, answered with a read-only SQL tool",
