@@ -24,7 +24,7 @@ from itertools import zip_longest
 from typing import Any
 
 from posttrain.envs.base import TextEnv
-from posttrain.rewards.verifiable import exact_number_score
+from posttrain.rewards.verifiable import math_answer_score
 from posttrain.types import Task
 
 _WORD_TEMPLATES = {
@@ -148,4 +148,4 @@ class ArithmeticEnv(TextEnv):
                     metadata={"expression": expr, "difficulty": level})
 
     def score(self, task: Task, action: str) -> tuple[float, dict[str, Any]]:
-        return exact_number_score(action, task.answer)
+        return math_answer_score(action, task.answer)

@@ -24,6 +24,7 @@ from posttrain.data.store import TrajectoryStore
 from posttrain.envs.contract import step_metrics
 from posttrain.eval import EvalResult
 from posttrain.models.value import Critic
+from posttrain.rewards.composition import RewardComposer
 from posttrain.rollout.episodes import raise_if_all_failed
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
 from posttrain.train.curriculum import scheduled_max_turns, task_sampler
@@ -31,7 +32,7 @@ from posttrain.train.optimizer import adamw, lr_schedule
 from posttrain.train.resume import check_resumable, cut_run_dir, latest_checkpoint, load_weights
 from posttrain.train.stopping import RunGuard
 from posttrain.train.stats import RunningStats
-from posttrain.types import Batch, Trajectory
+from posttrain.types import Batch, Rewards, Trajectory
 
 
 def optimizer_steps_per_batch(cfg: RunConfig) -> int:
@@ -67,6 +68,9 @@ class Trainer:
                                      cfg.train.steps * optimizer_steps_per_batch(cfg), cfg.train.lr_schedule,
                                      cfg.train.min_lr_ratio)
         self.sampling = self.ctx.sampling()
+        # The reward hook: trajectories -> composed rewards, step rewards, dense process rewards, metrics.
+        self.reward = RewardComposer(cfg.reward)
+        self.scored = Rewards(total=[], step_rewards=[], dense=[])  # of the batch sample() last returned
         self.tasks = task_sampler(self.train_tasks, cfg.curriculum, cfg.seed)
         self.step = 0
         self.store = TrajectoryStore(cfg.store.path or self.ctx.run_dir / "trajectories") if cfg.store.write else None
@@ -149,8 +153,9 @@ class Trainer:
             batch = self.batch(trajectories)
             sampled = self.behaviour_logprobs(batch, trajectories)
             own = self.ctx.backend.same_logprobs_as_trainer  # else an engine (vLLM) computed them its own way
-            metrics.update(self.algorithm.prepare(batch, rewards, [t.step_rewards for t in trajectories], self,
-                                                  sampled if own else None, None if own else sampled))
+            metrics.update(self.algorithm.prepare(batch, rewards, self.scored.step_rewards, self,
+                                                  sampled if own else None, None if own else sampled,
+                                                  dense=self.scored.dense))
             metrics.update(self.update(batch))
             t_sync = time.time()
             self.ctx.backend.sync_weights()  # the next rollout samples from the updated policy
@@ -167,12 +172,16 @@ class Trainer:
     # ----------------------------------------------------------------- sample and score
 
     def sample(self) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
-        """Roll out tasks_per_step groups and score them; when the algorithm drops groups without
-        signal (DAPO's dynamic sampling), sample more tasks until the batch is full or the rounds run out."""
+        """Roll out tasks_per_step groups and score them with the reward hook (``reward`` config); when
+        the algorithm drops groups without signal (DAPO's dynamic sampling), sample more tasks until the
+        batch is full or the rounds run out. Returns the kept trajectories, their shaped rewards and the
+        metrics; ``self.scored`` keeps the kept trajectories' step and dense rewards."""
         cfg, algo = self.cfg, self.algorithm
         g = cfg.algorithm.group_size
         kept: list[Trajectory] = []
         kept_rewards: list[torch.Tensor] = []
+        kept_scored = Rewards(total=[], step_rewards=[], dense=[])
+        reward_stats = RunningStats()
         sampled: list[Trajectory] = []
         flat_count = rounds = 0
         c = cfg.curriculum
@@ -188,21 +197,29 @@ class Trainer:
                 for t in trajectories:
                     t.metadata["step"] = step
                 self.store.append(trajectories, self.run_id, policy_version=self.scheduler.last_epoch)
+            scored = self.reward(trajectories, g)
+            for key, value in scored.metrics.items():
+                reward_stats.add(key, value, len(trajectories))
             device = self.policy.device
-            rewards = algo.shaped_rewards(torch.tensor([t.reward for t in trajectories], device=device),
+            rewards = algo.shaped_rewards(torch.tensor(scored.total, device=device),
                                           torch.tensor([t.num_sampled_tokens for t in trajectories], device=device))
             flat = algo.flat_groups(rewards)
             flat_count += int(flat.sum())
             for k in range(len(trajectories) // g):
                 if algo.drops_flat_groups and flat[k]:
                     continue
-                kept += trajectories[k * g : (k + 1) * g]
-                kept_rewards.append(rewards[k * g : (k + 1) * g])
+                group = slice(k * g, (k + 1) * g)
+                kept += trajectories[group]
+                kept_rewards.append(rewards[group])
+                kept_scored.total += scored.total[group]
+                kept_scored.step_rewards += scored.step_rewards[group]
+                kept_scored.dense += scored.dense[group]
         info = {"sampling_rounds": float(rounds), "zero_variance_groups": flat_count / (len(sampled) // g),
                 "max_turns": float(max_turns), **self.tasks.metrics()}
         rewards = torch.cat(kept_rewards) if kept_rewards else torch.zeros(0, device=self.policy.device)
         raise_if_all_failed(sampled, f"training step {self.step + 1}")  # nothing to learn from: stop, say why
-        return kept, rewards, {**info, **rollout_metrics(sampled)}
+        self.scored = kept_scored
+        return kept, rewards, {**info, **rollout_metrics(sampled), **reward_stats.result()}
 
     def batch(self, trajectories: list[Trajectory]) -> Batch:
         """Padded tensors of the trajectories. A trajectory cut short by an environment failure says
