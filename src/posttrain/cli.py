@@ -37,12 +37,14 @@ def _user_errors():
     from posttrain.data.store import DataError
     from posttrain.envs.registry import EnvError
     from posttrain.models.loading import ModelLoadError
+    from posttrain.rollout.ray_runtime import RayUnavailable
     from posttrain.sandbox import SandboxUnavailable
 
     _quiet_libraries()
     try:
         yield
-    except (ConfigError, EnvError, ModelLoadError, SandboxUnavailable, FileNotFoundError, DataError) as e:
+    except (ConfigError, EnvError, ModelLoadError, SandboxUnavailable, RayUnavailable, FileNotFoundError,
+            DataError) as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
@@ -115,11 +117,11 @@ def eval_cmd(
         cfg = load_config(config, overrides)
         from posttrain.train.context import RunContext
 
-        ctx = RunContext(cfg, checkpoint=checkpoint, generation_batch=cfg.eval.batch_size)
-        tasks = ctx.tasks("eval")
-        with _progress() as progress:
-            bar = progress.add_task("eval", total=len(tasks), info="")
-            result = ctx.evaluate(0, tasks, lambda n: progress.advance(bar, n))
+        with RunContext(cfg, checkpoint=checkpoint, generation_batch=cfg.eval.batch_size) as ctx:
+            tasks = ctx.tasks("eval")
+            with _progress() as progress:
+                bar = progress.add_task("eval", total=len(tasks), info="")
+                result = ctx.evaluate(0, tasks, lambda n: progress.advance(bar, n))
     if as_json:
         sys.stdout.write(json.dumps({"checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.id,
                                      **result.metrics()}) + "\n")

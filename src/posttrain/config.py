@@ -83,6 +83,11 @@ class EnvSection(_Section):
         1_000_000, ge=0, description="Envs without tasks(): held-out tasks are the reset seeds from this one on "
         "(disjoint from the training seeds; eval.num_tasks of them are used)."
     )
+    workers: int = Field(
+        0, ge=0, description="Environment workers as Ray actors (see the ray section): the env instances live in "
+        "their own processes, reset/step go over Ray with env.step_timeout, and a worker that dies or hangs is "
+        "replaced (its episode ends as an error); 0 runs the envs in the trainer's process."
+    )
     success_reward: float = Field(
         1.0, description="An episode whose env reports no verdict (info['correct'] or info['is_success']) counts "
         "as solved when its return reaches this."
@@ -232,6 +237,11 @@ class RolloutSection(_Section):
     max_context_tokens: int = Field(
         4096, gt=0, description="An episode whose next turn would not fit in this many tokens ends as truncated."
     )
+    workers: int = Field(
+        0, ge=0, description="Rollout workers as Ray actors, each holding a generation backend (HF) with its own "
+        "copy of the policy; the trainer sends them its weights after every update and splits each generation "
+        "call between them. 0 generates in the trainer's process."
+    )
 
 
 class TrainSection(_Section):
@@ -377,6 +387,16 @@ class MultiAgentSection(_Section):
     eval_games: int = Field(20, gt=0, description="Held-out games per role and evaluation opponent.")
 
 
+class RaySection(_Section):
+    """Where Ray runs, for env.workers and rollout.workers (unused when both are 0)."""
+
+    address: str = Field(
+        "", description="Ray cluster to join ('auto', or 'ray://host:10001'); empty starts a local Ray for the run "
+        "and stops it when the run ends."
+    )
+    num_cpus: int = Field(2, gt=0, description="CPUs of the local Ray started when ray.address is empty.")
+
+
 class RunConfig(_Section):
     model: ModelSection = Field(default_factory=ModelSection, description="The policy.")
     env: EnvSection = Field(default_factory=EnvSection, description="The environment.")
@@ -389,6 +409,7 @@ class RunConfig(_Section):
     sft: SftSection = Field(default_factory=SftSection, description="Demonstrations for SFT.")
     multi_agent: MultiAgentSection = Field(default_factory=MultiAgentSection,
                                            description="Self-play and multi-agent training.")
+    ray: RaySection = Field(default_factory=RaySection, description="Ray, for env and rollout workers.")
     output_dir: str = Field("runs/default", description="Run directory: checkpoints, metrics, logs.")
     seed: int = Field(0, description="Seed for task sampling, generation and initialisation.")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from posttrain.envs.contract import EnvError, as_messages, env_tasks, observation_text, reset_episode, success
+from posttrain.envs.contract import EnvError, EnvWorkerLost, as_messages, env_tasks, observation_text, reset_episode, success
 from posttrain.rollout.backend import Generation, GenerationBackend, SamplingParams
 from posttrain.types import Step, Task, Trajectory
 
@@ -41,6 +41,9 @@ class EnvPool:
     def replace(self, env: gym.Env) -> None:
         """Swap out an instance that may still be busy (a step that timed out) for a fresh one."""
         self._envs[self._envs.index(env)] = self._factory()
+
+    def close(self) -> None:
+        """Nothing to stop: the instances live in this process (see :class:`~posttrain.rollout.env_workers.RayEnvPool`)."""
 
     def tasks(self, split: str, train_seeds: int = 1000, eval_seed_start: int = 1_000_000,
               eval_seeds: int = 1000) -> list[Task]:
@@ -99,6 +102,7 @@ class _Episode:
     def fail(self, where: str, error: Exception) -> None:
         self.traj.error = f"{where}: {type(error).__name__}: {error}"
         self.traj.error_kind = ("timeout" if isinstance(error, TimeoutError) else
+                                "worker_lost" if isinstance(error, EnvWorkerLost) else
                                 "bad_observation" if isinstance(error, EnvError) else where)
         self.traj.reward = 0.0
         self.traj.finish_reason = "error"
@@ -159,7 +163,7 @@ def run_episodes(
             ep.traj.prompt_ids = encode_prompt(tokenizer, observation, (info or {}).get("tools"))
         except Exception as e:  # noqa: BLE001 - a failing environment is data, not a crash
             ep.fail("reset", e)
-            if isinstance(e, TimeoutError):
+            if isinstance(e, (TimeoutError, EnvWorkerLost)):
                 envs.replace(ep.env)
     for turn in range(max_turns):
         live = [ep for ep in episodes if not ep.done]
@@ -175,7 +179,7 @@ def run_episodes(
         for ep, gen, text, (ok, value) in zip(live, generations, texts, steps):
             if not ok:
                 ep.fail("step", value)
-                if isinstance(value, TimeoutError):
+                if isinstance(value, (TimeoutError, EnvWorkerLost)):
                     envs.replace(ep.env)
                 continue
             _after_step(ep, gen, text, value, tokenizer, last_turn=turn == max_turns - 1, max_context=max_context)

@@ -21,6 +21,9 @@ from posttrain.envs import EnvError, make_env
 from posttrain.eval import EvalResult, evaluate
 from posttrain.models import Policy
 from posttrain.rollout import EnvPool, HFBackend, SamplingParams, run_episodes
+from posttrain.rollout.env_workers import RayEnvPool
+from posttrain.rollout.ray_runtime import RayRuntime
+from posttrain.rollout.rollout_workers import RolloutWorkers
 from posttrain.train.checkpoint import save_checkpoint
 from posttrain.train.metrics import MetricsLogger
 from posttrain.types import Task, Trajectory
@@ -60,12 +63,26 @@ class RunContext:
         self.progress: ProgressHook = progress or (lambda *a: None)
         seed_everything(cfg.seed, cfg.train.threads)
         self.run_dir = Path(cfg.output_dir)
-        self.envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs))
-        self.policy = Policy.load(cfg.model, need_reference=need_reference, checkpoint=checkpoint)
-        self.policy.model.eval()  # trainers switch to train mode for their updates only
-        self.backend = HFBackend(self.policy.model, self.policy.tokenizer, generation_batch or cfg.rollout.batch_size,
-                                 cfg.seed, cfg.model.pack_weights)
         self.logger: MetricsLogger | None = None
+        self.ray = RayRuntime(cfg.ray) if cfg.env.workers or cfg.rollout.workers else None
+        self.envs = None
+        try:  # Ray's processes must not outlive a run whose setup fails
+            self.envs = self.make_envs()
+            self.policy = Policy.load(cfg.model, need_reference=need_reference, checkpoint=checkpoint)
+            self.policy.model.eval()  # trainers switch to train mode for their updates only
+            batch = generation_batch or cfg.rollout.batch_size
+            self.backend = (RolloutWorkers(cfg, self.policy, batch) if cfg.rollout.workers else
+                            HFBackend(self.policy.model, self.policy.tokenizer, batch, cfg.seed, cfg.model.pack_weights))
+        except BaseException:
+            self.close()
+            raise
+
+    def make_envs(self) -> EnvPool | RayEnvPool:
+        """A pool of env instances: in this process, or in env.workers Ray actors."""
+        env = self.cfg.env
+        if env.workers:
+            return RayEnvPool(env.id, env.kwargs, env.workers, env.step_timeout)
+        return EnvPool(lambda: make_env(env.id, env.kwargs))
 
     # ------------------------------------------------------------------ tasks and rollouts
 
@@ -94,6 +111,11 @@ class RunContext:
                             cfg.rollout.max_turns, cfg.rollout.max_context_tokens, cfg.env.step_timeout,
                             cfg.env.success_reward)
 
+    def sync_weights(self) -> None:
+        """After an update: rollout workers get the new weights (the in-process backend shares the model)."""
+        if isinstance(self.backend, RolloutWorkers):
+            self.backend.sync_weights()
+
     # ------------------------------------------------------------------ the run directory
 
     def start_run(self) -> MetricsLogger:
@@ -104,9 +126,21 @@ class RunContext:
         return self.logger
 
     def close(self) -> None:
+        """Close the logger, stop env and rollout workers and a Ray this run started (safe to call twice)."""
         if self.logger is not None:
             self.logger.close()
             self.logger = None
+        for part in (self.envs, getattr(self, "backend", None)):
+            if part is not None and hasattr(part, "close"):
+                part.close()
+        if self.ray is not None:
+            self.ray.close()
+
+    def __enter__(self) -> "RunContext":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def log(self, split: str, step: int, metrics: dict[str, float]) -> None:
         if self.logger is not None:

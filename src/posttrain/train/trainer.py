@@ -113,6 +113,7 @@ class Trainer:
             metrics.update(self.algorithm.prepare(batch, rewards, [t.step_rewards for t in trajectories], self,
                                                   self.behaviour_logprobs(batch, trajectories)))
             metrics.update(self.update(batch))
+            self.ctx.sync_weights()
             self.algorithm.after_step(metrics, len(trajectories))
         else:
             metrics.update(loss=0.0, grad_norm=0.0, optimizer_steps=0.0)
@@ -321,6 +322,7 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "truncated_fraction": sum(t.finish_reason == "length" for t in trajectories) / n,
         "errors": float(sum(t.error is not None for t in trajectories)),
         "env_timeouts": float(sum(t.error_kind == "timeout" for t in trajectories)),
+        "env_workers_lost": float(sum(t.error_kind == "worker_lost" for t in trajectories)),
         "turns_mean": sum(len(t.steps) for t in trajectories) / n,
     }
     for t in trajectories:
