@@ -7,6 +7,7 @@ naming what is wrong and exit with code 2, without a traceback.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import contextmanager
 from typing import Optional
@@ -53,8 +54,13 @@ def _progress() -> Progress:
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-        console=console,
+        console=console, disable=not _is_rank_zero(),
     )
+
+
+def _is_rank_zero() -> bool:
+    """Under torchrun only rank 0 reports (every rank trains)."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 @app.command()
@@ -71,7 +77,8 @@ def train(
             hook = _progress_hook(progress, lambda info: f"reward {info['reward_mean']:.2f}  "
                                                          f"{info['step_seconds']:.1f}s/step")
             result = Trainer(cfg, progress=hook).train()
-    _print_result(f"posttrain: {cfg.model.name} on {cfg.env.id}", result)
+    if _is_rank_zero():
+        _print_result(f"posttrain: {cfg.model.name} on {cfg.env.id}", result)
 
 
 def _progress_hook(progress, train_text):

@@ -263,6 +263,11 @@ class TrainSection(_Section):
         0, ge=0, description="Save a checkpoint every N steps (0: only at the end)."
     )
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 uses every core.")
+    fsdp: bool = Field(
+        False, description="Under torchrun: shard the decoder layers' parameters, gradients and optimiser state "
+        "across the ranks with FSDP2 (torch.distributed.fsdp.fully_shard), for models that do not fit on one "
+        "device (embeddings and head stay replicated; generation gathers the full weights)."
+    )
 
 
 class EvalSection(_Section):

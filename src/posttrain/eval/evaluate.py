@@ -67,3 +67,20 @@ def evaluate(
         errors=sum(t.error is not None for t in trajectories),
         samples=samples,
     )
+
+
+def merge_results(results: list[EvalResult]) -> EvalResult:
+    """One result from disjoint shares of the held-out tasks (data-parallel ranks), task-weighted."""
+    n = max(sum(r.num_tasks for r in results), 1)
+
+    def mean(values):
+        return sum(v * r.num_tasks for v, r in zip(values, results)) / n
+
+    return EvalResult(
+        accuracy=mean(r.accuracy for r in results),
+        reward_mean=mean(r.reward_mean for r in results),
+        num_tasks=sum(r.num_tasks for r in results),
+        errors=sum(r.errors for r in results),
+        samples=[s for r in results for s in r.samples],
+        pass_at={k: mean(r.pass_at[k] for r in results) for k in results[0].pass_at},
+    )

@@ -24,16 +24,17 @@ def checkpoint_path(run_dir: Path, step: int) -> Path:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, policy: Policy, optimizer, scheduler, extra: dict[str, Any]
+    run_dir: Path, step: int, policy: Policy, optimizer, scheduler, extra: dict[str, Any],
+    model_state: dict | None = None,
 ) -> Path:
     final = checkpoint_path(run_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    policy.save(tmp / "model")
+    policy.save(tmp / "model", model_state)
     torch.save(
         {
             "step": step,
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "python_rng": random.getstate(),

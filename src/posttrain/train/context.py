@@ -19,12 +19,14 @@ import torch
 from posttrain.config import RunConfig
 from posttrain.envs import EnvError, make_env
 from posttrain.eval import EvalResult, evaluate
+from posttrain.eval.evaluate import merge_results
 from posttrain.models import Policy
 from posttrain.rollout import EnvPool, HFBackend, SamplingParams, run_episodes
 from posttrain.rollout.env_workers import RayEnvPool
 from posttrain.rollout.ray_runtime import RayRuntime
 from posttrain.rollout.rollout_workers import RolloutWorkers
-from posttrain.train.checkpoint import save_checkpoint
+from posttrain.train.checkpoint import checkpoint_path, save_checkpoint
+from posttrain.train.distributed import Distributed
 from posttrain.train.metrics import MetricsLogger
 from posttrain.types import Task, Trajectory
 
@@ -61,6 +63,9 @@ class RunContext:
                  checkpoint: str | None = None, generation_batch: int | None = None):
         self.cfg = cfg
         self.progress: ProgressHook = progress or (lambda *a: None)
+        self.dist = Distributed(cfg)
+        if not self.dist.is_main:  # one progress display, from rank 0
+            self.progress = lambda *a: None
         seed_everything(cfg.seed, cfg.train.threads)
         self.run_dir = Path(cfg.output_dir)
         self.logger: MetricsLogger | None = None
@@ -70,9 +75,13 @@ class RunContext:
             self.envs = self.make_envs()
             self.policy = Policy.load(cfg.model, need_reference=need_reference, checkpoint=checkpoint)
             self.policy.model.eval()  # trainers switch to train mode for their updates only
+            self.dist.broadcast_parameters(self.policy.model)
+            self.dist.shard_model(self.policy.model)
             batch = generation_batch or cfg.rollout.batch_size
+            seed = cfg.seed + self.dist.rank  # ranks sample different tokens
+            pack = cfg.model.pack_weights and not cfg.train.fsdp  # packing would copy the gathered weights again
             self.backend = (RolloutWorkers(cfg, self.policy, batch) if cfg.rollout.workers else
-                            HFBackend(self.policy.model, self.policy.tokenizer, batch, cfg.seed, cfg.model.pack_weights))
+                            HFBackend(self.policy.model, self.policy.tokenizer, batch, seed, pack))
         except BaseException:
             self.close()
             raise
@@ -118,8 +127,10 @@ class RunContext:
 
     # ------------------------------------------------------------------ the run directory
 
-    def start_run(self) -> MetricsLogger:
-        """Create the run directory, record the config, open the metrics logger."""
+    def start_run(self) -> MetricsLogger | None:
+        """Create the run directory, record the config, open the metrics logger (rank 0 only)."""
+        if not self.dist.is_main:
+            return None
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(self.cfg.model_dump_json(indent=2))
         self.logger = MetricsLogger(self.run_dir)
@@ -135,6 +146,7 @@ class RunContext:
                 part.close()
         if self.ray is not None:
             self.ray.close()
+        self.dist.close()
 
     def __enter__(self) -> "RunContext":
         return self
@@ -161,8 +173,10 @@ class RunContext:
                 on_progress(n)
 
         cfg = self.cfg
-        result = evaluate(self.envs, self.backend, self.policy.tokenizer, tasks, cfg.eval, cfg.rollout,
-                          cfg.env.step_timeout, tick, cfg.env.success_reward)
+        with self.dist.full_weights(self.policy.model):  # each rank its share of the tasks, then gathered
+            share = evaluate(self.envs, self.backend, self.policy.tokenizer, self.dist.shard(tasks), cfg.eval,
+                             cfg.rollout, cfg.env.step_timeout, tick, cfg.env.success_reward)
+        result = merge_results(self.dist.gather(share))
         self.progress("eval", len(tasks), len(tasks), {"step": step, **result.metrics()})
         if self.logger is not None:
             self.logger.log("eval", step, result.metrics())
@@ -172,7 +186,14 @@ class RunContext:
         return result
 
     def save_checkpoint(self, step: int, optimizer, scheduler, extra: dict) -> Path:
-        return save_checkpoint(self.run_dir, step, self.policy, optimizer, scheduler, extra)
+        """Rank 0 writes it; with FSDP every rank takes part in gathering the weights, and the sharded
+        optimiser state is left out (the trainer does not resume yet)."""
+        full = self.dist.full_state_dict(self.policy.model)
+        if self.dist.is_main:
+            save_checkpoint(self.run_dir, step, self.policy, None if self.dist.fsdp else optimizer, scheduler, extra,
+                            full)
+        return checkpoint_path(self.run_dir, step)
 
     def write_summary(self, summary: dict) -> None:
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if self.dist.is_main:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -44,14 +44,16 @@ class Trainer:
                                    optimizer_steps_per_batch=optimizer_steps_per_batch(cfg))
         self.ctx = RunContext(cfg, progress, need_reference=self.algorithm.needs_reference)
         self.policy = self.ctx.policy
-        self.train_tasks = self.ctx.train_tasks()
+        self.dist = self.ctx.dist  # data parallel: this rank's share of tasks, batch and gradient
+        self.train_tasks = self.dist.shard(self.ctx.train_tasks())
+        self.tasks_per_step = cfg.train.tasks_per_step // self.dist.world
         self.eval_tasks = self.ctx.tasks("eval")
         self.critic = Critic(self.policy.model, cfg.algorithm.value_model) if self.algorithm.needs_critic else None
         groups = [{"params": self.policy.trainable_parameters()}]
         if self.critic is not None:
             groups.append({"params": list(self.critic.parameters()),
                            "lr": cfg.algorithm.value_learning_rate or cfg.train.learning_rate})
-        self.optimizer = adamw(groups, cfg.train.learning_rate, cfg.train.weight_decay)
+        self.optimizer = adamw(groups, cfg.train.learning_rate, cfg.train.weight_decay, fused=not cfg.train.fsdp)
         warmup = cfg.train.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
@@ -59,7 +61,8 @@ class Trainer:
         self._task_rng = random.Random(cfg.seed)
         self._task_order: list[int] = []
         self.step = 0
-        self.store = TrajectoryStore(cfg.store.path or self.ctx.run_dir / "trajectories") if cfg.store.write else None
+        self.store = (TrajectoryStore(cfg.store.path or self.ctx.run_dir / "trajectories")
+                      if cfg.store.write and self.dist.is_main else None)
         self.run_id = f"{self.ctx.run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         # Demonstrations whose SFT loss is mixed into every update, to keep base abilities.
         self.demonstrations = (load_demonstrations(cfg.sft.demonstrations, self.policy.tokenizer)
@@ -106,12 +109,14 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         """One step: sample groups, score them, let the algorithm prepare the batch, update, report."""
         t0 = time.time()
-        trajectories, rewards, metrics = self.sample()
-        metrics["generation_seconds"] = time.time() - t0
+        with self.dist.full_weights(self.policy.model):  # FSDP: generation and scoring on gathered weights
+            trajectories, rewards, metrics = self.sample()
+            metrics["generation_seconds"] = time.time() - t0
+            if trajectories:
+                batch = self.batch(trajectories)
+                metrics.update(self.algorithm.prepare(batch, rewards, [t.step_rewards for t in trajectories], self,
+                                                      self.behaviour_logprobs(batch, trajectories)))
         if trajectories:
-            batch = self.batch(trajectories)
-            metrics.update(self.algorithm.prepare(batch, rewards, [t.step_rewards for t in trajectories], self,
-                                                  self.behaviour_logprobs(batch, trajectories)))
             metrics.update(self.update(batch))
             self.ctx.sync_weights()
             self.algorithm.after_step(metrics, len(trajectories))
@@ -144,13 +149,10 @@ class Trainer:
         kept_rewards: list[torch.Tensor] = []
         sampled: list[Trajectory] = []
         flat_count = rounds = 0
-        while len(kept) < cfg.train.tasks_per_step * g and rounds < algo.max_sampling_rounds:
+        while len(kept) < self.tasks_per_step * g and rounds < algo.max_sampling_rounds:
             rounds += 1
-            trajectories = self.ctx.rollout(self.next_tasks(cfg.train.tasks_per_step - len(kept) // g),
-                                            self.sampling, g)
+            trajectories = self.ctx.rollout(self.next_tasks(self.tasks_per_step - len(kept) // g), self.sampling, g)
             sampled += trajectories
-            if self.store is not None:  # policy version: optimiser steps taken by the sampling policy
-                self.store.append(trajectories, self.run_id, policy_version=self.scheduler.last_epoch)
             rewards = algo.shaped_rewards(torch.tensor([t.reward for t in trajectories]),
                                           torch.tensor([t.num_sampled_tokens for t in trajectories]))
             flat = algo.flat_groups(rewards)
@@ -160,9 +162,12 @@ class Trainer:
                     continue
                 kept += trajectories[k * g : (k + 1) * g]
                 kept_rewards.append(rewards[k * g : (k + 1) * g])
+        everyone = [t for part in self.dist.gather(sampled) for t in part]  # data parallel: all ranks' samples
+        if self.store is not None:  # policy version: optimiser steps taken by the sampling policy
+            self.store.append(everyone, self.run_id, policy_version=self.scheduler.last_epoch)
         info = {"sampling_rounds": float(rounds), "zero_variance_groups": flat_count / (len(sampled) // g)}
         rewards = torch.cat(kept_rewards) if kept_rewards else torch.zeros(0)
-        return kept, rewards, {**info, **rollout_metrics(sampled)}
+        return kept, rewards, {**info, **rollout_metrics(everyone)}
 
     def batch(self, trajectories: list[Trajectory]) -> Batch:
         """Padded tensors of the trajectories. A trajectory cut short by an environment failure says
@@ -227,23 +232,27 @@ class Trainer:
         """num_iterations passes of minibatch updates over one prepared batch."""
         t0 = time.time()
         keep = self.algorithm.trained_rows(batch)
-        minibatch = self.cfg.train.minibatch_size or len(batch)
+        minibatch = self.cfg.train.minibatch_size // self.dist.world or len(batch)
         stats = RunningStats()
-        if keep.numel():
+        dist = self.dist  # data parallel: counts are summed over ranks, so every rank takes the same steps
+        if dist.sum(keep.numel()):
             active = batch.select(keep)
             # Minibatches are cut from the full batch, so each keeps its own normaliser (the
-            # sampled tokens of all its rows, skipped ones included).
+            # sampled tokens of all its rows, skipped ones included, on every rank).
             owner = keep // minibatch
             with self._training_mode():
                 for _ in range(self.cfg.algorithm.num_iterations):
-                    for mb_index in range(-(-len(batch) // minibatch)):
+                    for mb_index in range(dist.max(-(-len(batch) // minibatch))):
                         rows = (owner == mb_index).nonzero().squeeze(-1)
-                        if rows.numel() == 0:
+                        if dist.sum(rows.numel()) == 0:
                             continue
                         full = batch.loss_mask[mb_index * minibatch : (mb_index + 1) * minibatch]
-                        norm = Normaliser(tokens=float(full.sum().clamp(min=1)), sequences=float(full.shape[0]))
-                        self._minibatch_step(active.select(rows), norm, stats)
+                        norm = Normaliser(tokens=max(dist.sum(float(full.sum())), 1.0),
+                                          sequences=dist.sum(float(full.shape[0])))
+                        self._minibatch_step(active.select(rows), norm, stats, pad=batch.select(slice(0, 1)))
         out = stats.result()
+        if "loss" in out:
+            out["loss"] = dist.sum(out["loss"])  # each rank's share of the global loss
         out.setdefault("loss", 0.0)  # nothing contributed: the loss and gradient are exactly zero
         out.setdefault("grad_norm", 0.0)
         out["optimizer_steps"] = float(stats.count("grad_norm"))
@@ -260,17 +269,22 @@ class Trainer:
             outputs = outputs._replace(values=values)
         return outputs
 
-    def _minibatch_step(self, mb: Batch, norm: Normaliser, stats: RunningStats) -> None:
+    def _minibatch_step(self, mb: Batch, norm: Normaliser, stats: RunningStats, pad: Batch) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         # Micro-batches keep the batch order, so the samples of one group stay together and
         # share a single forward of their prompt.
         size = self.cfg.train.microbatch_size
         loss_total = 0.0
-        for s in range(0, len(mb), size):
-            micro = mb.select(slice(s, s + size))
+        # FSDP: every rank runs as many micro-batches (collectives in forward and backward); a rank
+        # with fewer pads with a row whose loss counts 0.
+        micro_batches = self.dist.max(-(-len(mb) // size)) if self.dist.fsdp else -(-len(mb) // size)
+        for s in range(0, micro_batches * size, size):
+            micro = mb.select(slice(s, s + size)) if s < len(mb) else pad
             outputs = self._forward(micro)
             result = self.algorithm.loss(outputs, micro, norm)
-            result.loss.backward()
+            (result.loss if s < len(mb) else 0.0 * result.loss).backward()
+            if s >= len(mb):
+                continue
             loss_total += result.loss.item()
             n = float(micro.loss_mask.sum())
             stats.add("entropy", float((outputs.entropy.detach() * micro.loss_mask).sum()) / max(n, 1.0), n)
@@ -280,6 +294,7 @@ class Trainer:
             sft = self._sft_backward()
             stats.add("sft_loss", sft)
             loss_total += self.cfg.sft.weight * sft
+        self.dist.sum_gradients([p for group in self.optimizer.param_groups for p in group["params"]])
         self._clip_gradients(stats)
         self.optimizer.step()
         self.scheduler.step()
@@ -289,10 +304,8 @@ class Trainer:
         """Clip the policy's and the critic's gradients each to train.max_grad_norm, separately: one
         norm over both would let large value-loss gradients shrink every policy step."""
         limit = self.cfg.train.max_grad_norm
-        stats.add("grad_norm", float(torch.nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], limit)))
-        if self.critic is not None:
-            critic = self.optimizer.param_groups[1]["params"]
-            stats.add("critic_grad_norm", float(torch.nn.utils.clip_grad_norm_(critic, limit)))
+        for name, group in zip(("grad_norm", "critic_grad_norm"), self.optimizer.param_groups):
+            stats.add(name, self.dist.clip_grad_norm(group["params"], limit))
 
     def _sft_backward(self) -> float:
         """Backward of sft.weight x the NLL of the next sft.batch_size demonstrations; returns the NLL."""
@@ -302,7 +315,7 @@ class Trainer:
         batch = Batch.from_trajectories(demos, self.policy.pad_id)
         lp, _ = self.policy.logprobs(batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths)
         nll = sft_loss(lp, batch.loss_mask)
-        (self.cfg.sft.weight * nll).backward()
+        (self.cfg.sft.weight / self.dist.world * nll).backward()  # data parallel: summed over ranks
         return nll.item()
 
 
