@@ -25,6 +25,8 @@ from rich.table import Table
 from posttrain.config import load_config
 from posttrain.train import Trainer
 
+from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = ["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo"]
 
@@ -56,6 +58,7 @@ def run(name: str, steps: int, out_dir: Path, evaluate_before: bool) -> dict:
 
 
 def main() -> None:
+    print(describe(), flush=True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))

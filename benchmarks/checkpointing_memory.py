@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -40,6 +42,7 @@ def one_run(model: str, checkpointing: bool, steps: int) -> dict:
 
 
 def main() -> None:
+    print(describe(), flush=True)
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--steps", type=int, default=2)

@@ -30,6 +30,8 @@ from posttrain.config import load_config
 from posttrain.data import TrajectoryStore
 from posttrain.train.offline import OfflineTrainer
 
+from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -85,6 +87,7 @@ def trl_contender(pairs, tokenizer, batch: int, steps: int, precompute: bool, ou
 
 
 def main() -> None:
+    print(describe(), flush=True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", default=str(ROOT / "runs" / "arithmetic-offline" / "trajectories"))
     parser.add_argument("--steps", type=int, default=5)

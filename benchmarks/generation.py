@@ -27,6 +27,8 @@ from posttrain.models import load_model, load_tokenizer
 from posttrain.rollout import HFBackend, SamplingParams
 from posttrain.rollout.episodes import encode_prompt
 
+from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
 SHAPES = [("batch 1", 1, 1), ("batch 8", 8, 1), ("batch 32", 32, 1), ("GRPO 4 x 8", 4, 8)]
@@ -50,6 +52,7 @@ def hf_generate(model, tokenizer, prompts: list[list[int]], n: int, max_new_toke
 
 
 def main() -> None:
+    print(describe(), flush=True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)

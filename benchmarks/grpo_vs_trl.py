@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
 PROMPTS_PER_STEP = 2
@@ -161,6 +163,7 @@ def summarise(runs: list[dict]) -> dict:
 
 
 def main() -> None:
+    print(describe(), flush=True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=6, help="steps per run, the first untimed")
     parser.add_argument("--repeats", type=int, default=2, help="runs per contender and configuration")

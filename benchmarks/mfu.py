@@ -32,6 +32,8 @@ from posttrain.models import load_model
 from posttrain.models.logprobs import policy_forward
 from posttrain.models.packed_linear import packing_available
 
+from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
 
@@ -87,6 +89,7 @@ def measure(model, shape: tuple, repeats: int, autocast: bool = False) -> dict:
 
 
 def main() -> None:
+    print(describe(), flush=True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mfu.json"))

@@ -32,6 +32,8 @@ from posttrain.envs.code import run_tests
 from posttrain.envs.code_tasks import humaneval_problems
 from posttrain.sandbox import Limits, Sandbox
 
+from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+
 ROOT = Path(__file__).resolve().parents[1]
 TRIVIAL_PROBLEM = {"task_id": "trivial", "prompt": "", "test": "def check(candidate):\n    pass\n",
                    "entry_point": "print"}
@@ -68,6 +70,7 @@ def humaneval_check(problems: list[dict], completions: list[str], workers: int) 
 
 
 def main() -> None:
+    print(describe(), flush=True)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--trivial", type=int, default=400, help="trivial runs per timing")

@@ -74,3 +74,23 @@ def test_kl_term_and_clip_statistics():
 def test_beta_without_reference_is_an_error():
     with pytest.raises(ValueError, match="ref_logprobs"):
         grpo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), beta=0.1)
+
+
+def test_learning_rate_schedules_warm_up_then_decay_to_the_floor():
+    from posttrain.train.optimizer import lr_schedule
+
+    def rates(kind):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched = lr_schedule(opt, warmup_steps=2, total_steps=10, kind=kind, min_ratio=0.1)
+        out = []
+        for _ in range(11):
+            out.append(sched.get_last_lr()[0])
+            opt.step()
+            sched.step()
+        return out
+
+    assert rates("constant")[:3] == [0.5, 1.0, 1.0] and rates("constant")[-1] == 1.0
+    cosine, linear = rates("cosine"), rates("linear")
+    assert cosine[2] == pytest.approx(1.0) and cosine[10] == pytest.approx(0.1) and cosine[6] == pytest.approx(0.55)
+    assert linear[6] == pytest.approx(0.55) and linear[10] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(cosine[2:], cosine[3:]))

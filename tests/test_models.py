@@ -74,3 +74,17 @@ def test_frozen_weights_packed_once_give_the_same_reference_logprobs(lora):
         lp.sum().backward()
         assert all(p.grad is not None for p in policy.trainable_parameters())
     torch.testing.assert_close(results[1], results[0], atol=1e-4, rtol=0)
+
+
+def test_onednn_packing_ops_exist_where_onednn_does():
+    """The packed decode path calls private ops (torch.ops.mkldnn._reorder_linear_weight and
+    _linear_pointwise). A torch upgrade that removes them must fail here, not silently fall back to
+    the 2-3x slower plain weights."""
+    import platform
+
+    from posttrain.models.packed_linear import packing_available
+
+    if platform.machine() not in ("x86_64", "AMD64") or not torch.backends.mkldnn.is_available():
+        pytest.skip("oneDNN packing is an x86 CPU path; this torch build or machine has no oneDNN")
+    assert packing_available(), ("torch.ops.mkldnn._reorder_linear_weight/_linear_pointwise are gone or wrong in "
+                                 f"torch {torch.__version__}: port posttrain.models.packed_linear")

@@ -258,6 +258,12 @@ class TrainSection(_Section):
     learning_rate: float = Field(1e-5, gt=0.0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in optimiser steps.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Learning rate after warm-up: constant, or decayed linearly or along a cosine to "
+        "train.min_lr_ratio x the peak at the last planned optimiser step."
+    )
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="With a decaying train.lr_schedule: the final "
+                                "learning rate as a fraction of train.learning_rate.")
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     checkpoint_every: int = Field(
         0, ge=0, description="Save a checkpoint every N steps (0: only at the end)."

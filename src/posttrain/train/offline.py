@@ -27,7 +27,7 @@ from posttrain.data.store import DataError, TrajectoryStore
 from posttrain.eval import EvalResult
 from posttrain.models import Policy
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
-from posttrain.train.optimizer import adamw
+from posttrain.train.optimizer import adamw, lr_schedule
 from posttrain.train.stats import RunningStats
 from posttrain.types import Batch, Trajectory
 
@@ -73,9 +73,9 @@ class OfflineTrainer:
         self.eval_tasks = self.ctx.tasks("eval")
         self.examples, self.labels = self._load_examples()
         self.optimizer = adamw(self.policy.trainable_parameters(), self.off.learning_rate, cfg.train.weight_decay)
-        warmup = cfg.train.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        total = self.off.epochs * -(-len(self.examples) // self.off.batch_size)
+        self.scheduler = lr_schedule(self.optimizer, cfg.train.warmup_steps, total, cfg.train.lr_schedule,
+                                     cfg.train.min_lr_ratio)
         self.reference: dict[str, torch.Tensor] = {}
         self._mismatched: list[Trajectory] = []  # KTO: the sequences of its KL estimate
         self.step = 0

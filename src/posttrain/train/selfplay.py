@@ -32,7 +32,7 @@ from posttrain.rollout.multi_agent import FixedPlayer, LLMPlayer, Player, run_ga
 from posttrain.train.checkpoint import save_checkpoint
 from posttrain.train.game_metrics import game_metrics
 from posttrain.train.metrics import MetricsLogger
-from posttrain.train.optimizer import adamw
+from posttrain.train.optimizer import adamw, lr_schedule
 from posttrain.train.policy_pool import PolicyPool, adapter_name, add_role_adapters
 from posttrain.types import Batch, GameResult, Task, Trajectory
 
@@ -81,9 +81,8 @@ class SelfPlayTrainer:
                                    max_new_tokens=cfg.rollout.max_new_tokens)
         self.params = [p for n, p in self.policy.model.named_parameters() if p.requires_grad or "lora_" in n]
         self.optimizer = adamw([{"params": self.params}], cfg.train.learning_rate, cfg.train.weight_decay)
-        warmup = cfg.train.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        self.scheduler = lr_schedule(self.optimizer, cfg.train.warmup_steps, cfg.train.steps,
+                                     cfg.train.lr_schedule, cfg.train.min_lr_ratio)
         self.pool = PolicyPool(self.policy.model, self.params, ma.pool_size)
         self.learners = self._learners()
         self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,

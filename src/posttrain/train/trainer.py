@@ -25,7 +25,7 @@ from posttrain.envs.contract import step_metrics
 from posttrain.eval import EvalResult
 from posttrain.models.value import Critic
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
-from posttrain.train.optimizer import adamw
+from posttrain.train.optimizer import adamw, lr_schedule
 from posttrain.train.stats import RunningStats
 from posttrain.types import Batch, Task, Trajectory
 
@@ -54,9 +54,9 @@ class Trainer:
             groups.append({"params": list(self.critic.parameters()),
                            "lr": cfg.algorithm.value_learning_rate or cfg.train.learning_rate})
         self.optimizer = adamw(groups, cfg.train.learning_rate, cfg.train.weight_decay, fused=not cfg.train.fsdp)
-        warmup = cfg.train.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        self.scheduler = lr_schedule(self.optimizer, cfg.train.warmup_steps,
+                                     cfg.train.steps * optimizer_steps_per_batch(cfg), cfg.train.lr_schedule,
+                                     cfg.train.min_lr_ratio)
         self.sampling = self.ctx.sampling()
         self._task_rng = random.Random(cfg.seed)
         self._task_order: list[int] = []
