@@ -35,19 +35,39 @@ def _quiet_libraries() -> None:
 
 @contextmanager
 def _user_errors():
+    """Turn what a user or the machine did wrong into one line and exit code 2 (130 on Ctrl-C).
+
+    The named errors carry their own message; any other OSError (a read-only or full disk, a
+    directory where a file was expected, permissions) is reported with its file and reason.
+    """
     from posttrain.data.store import DataError
     from posttrain.envs.registry import EnvError
     from posttrain.models.loading import ModelLoadError
+    from posttrain.rollout.episodes import EpisodesFailed
     from posttrain.rollout.ray_runtime import RayUnavailable
     from posttrain.sandbox import SandboxUnavailable
+    from posttrain.train.checkpoint import CheckpointError
+    from posttrain.train.run_dir import RunDirError
 
     _quiet_libraries()
     try:
         yield
-    except (ConfigError, EnvError, ModelLoadError, SandboxUnavailable, RayUnavailable, FileNotFoundError,
-            DataError) as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+    except (ConfigError, EnvError, ModelLoadError, SandboxUnavailable, DataError, RunDirError, CheckpointError,
+            EpisodesFailed, RayUnavailable) as e:
+        _error_line(str(e))
         raise typer.Exit(2) from None
+    except OSError as e:
+        _error_line(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e))
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        _error_line("interrupted")
+        raise typer.Exit(130) from None
+
+
+def _error_line(message: str) -> None:
+    """``error: message`` on one line of stderr, whatever newlines the message held."""
+    text = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    console.print(f"[bold red]error:[/] {text}", highlight=False, soft_wrap=True, markup=True)
 
 
 def _progress() -> Progress:
@@ -122,13 +142,21 @@ def eval_cmd(
     """Evaluate a policy on the environment's held-out split."""
     with _user_errors():
         cfg = load_config(config, overrides)
+        from posttrain.envs import EnvError
+        from posttrain.rollout.episodes import EpisodesFailed
         from posttrain.train.context import RunContext
 
         with RunContext(cfg, checkpoint=checkpoint, generation_batch=cfg.eval.batch_size) as ctx:
             tasks = ctx.tasks("eval")
+            if not tasks:
+                raise EnvError(f"env {cfg.env.id!r} has no held-out tasks (its tasks('eval') is empty)")
             with _progress() as progress:
                 bar = progress.add_task("eval", total=len(tasks), info="")
                 result = ctx.evaluate(0, tasks, lambda n: progress.advance(bar, n))
+            if result.samples and result.errors == len(result.samples):
+                first = next(s["error"] for s in result.samples if s["error"])
+                raise EpisodesFailed(f"every held-out episode failed ({result.errors} of {len(result.samples)}): "
+                                     f"no accuracy was measured; the first: {first[:300]}")
     if as_json:
         sys.stdout.write(json.dumps({"checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.id,
                                      **result.metrics()}) + "\n")
@@ -153,6 +181,7 @@ def collect(
     with _user_errors():
         cfg = load_config(config, overrides)
         from posttrain.data.collect import collect as run_collect
+        from posttrain.rollout.episodes import EpisodesFailed
 
         def acknowledge(written: int, total: int, part) -> None:
             # One line per durable part: what an interrupted collection is guaranteed to keep.
@@ -160,6 +189,9 @@ def collect(
             sys.stdout.flush()
 
         result = run_collect(cfg, out, n, tasks, checkpoint, acknowledge)
+        if result.errors == result.trajectories:
+            raise EpisodesFailed(f"every episode failed ({result.errors} of {result.trajectories}; they are kept in "
+                                 f"{out} with their errors, run {result.run_id}): the first: {result.first_error}")
     Console().print(f"collected {result.trajectories} trajectories ({result.successes / result.trajectories:.1%} "
                     f"successful, {result.errors} errors) in {result.seconds / 60:.1f} min into {out} "
                     f"(run {result.run_id})")
@@ -176,6 +208,8 @@ def _offline(config: str, overrides: list[str], methods: tuple[str, ...], comman
         with _progress() as progress:
             hook = _progress_hook(progress, lambda info: f"loss {info['loss']:.3f}  {info['step_seconds']:.1f}s/step")
             trainer = OfflineTrainer(cfg, progress=hook)
+            for part, reason in trainer.skipped_parts:
+                progress.console.print(f"skipped store part {part}: {reason}", highlight=False, soft_wrap=True)
             progress.console.print(f"{cfg.offline.method}: {len(trainer.examples)} training examples")
             result = trainer.train()
     _print_result(f"posttrain {command} ({cfg.offline.method}): {cfg.model.name} on {cfg.env.id}", result)

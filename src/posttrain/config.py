@@ -205,7 +205,8 @@ class AlgorithmSection(_Section):
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            data = {**ALGORITHM_PRESETS.get(data.get("name", "grpo"), {}), **data}
+            name = data.get("name", "grpo")
+            data = {**ALGORITHM_PRESETS.get(name if isinstance(name, str) else "", {}), **data}
         return data
 
     @model_validator(mode="after")
@@ -325,6 +326,10 @@ class OfflineSection(_Section):
     )
     store: str = Field("", description="Trajectory store to train on (a directory written by `posttrain collect` "
                        "or by training with store.write).")
+    skip_bad_parts: bool = Field(
+        False, description="Train on the store's readable parts, leaving out (and naming) any part that is "
+        "truncated, empty or not Parquet; false stops at the first such part."
+    )
     beta: float = Field(0.1, gt=0.0, description="DPO/cDPO/KTO: strength of the implicit KL to the reference "
                         "(beta); IPO: tau, the target margin is 1/(2 tau).")
     label_smoothing: float = Field(
@@ -451,9 +456,13 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         if not p.is_file():
             raise ConfigError(f"config file not found: {p} (expected a YAML file)")
         try:
-            loaded = yaml.safe_load(p.read_text())
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}: {e.reason}); expected a YAML file") from None
+        except OSError as e:
+            raise ConfigError(f"{p}: cannot read the config: {e.strerror or e}") from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+            raise ConfigError(f"{p}: not valid YAML: {_one_line(str(e))}") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -466,6 +475,11 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     except ValidationError as e:
         source = str(path) if path is not None else "config"
         raise ConfigError(f"{source}: {_describe(e)}") from None
+
+
+def _one_line(text: str) -> str:
+    """A multi-line library message (YAML marks its error position over several lines) as one line."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 def _apply_override(raw: dict[str, Any], item: str) -> None:
@@ -501,10 +515,15 @@ def _describe(error: ValidationError) -> str:
                 msg += f" (expected one of: {', '.join(known)})"
             lines.append(msg)
         elif loc:
-            lines.append(f"'{loc}': {err['msg']} (got {err.get('input')!r})")
+            lines.append(f"'{loc}': {err['msg']} (got {_short_repr(err.get('input'))})")
         else:
             lines.append(err["msg"].removeprefix("Value error, "))
     return "; ".join(lines)
+
+
+def _short_repr(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _section_for(loc: tuple) -> type[BaseModel] | None:

@@ -20,6 +20,7 @@ class CollectResult:
     successes: int
     errors: int
     seconds: float
+    first_error: str | None = None  # what the first failed episode said, if any failed
 
 
 def collect(
@@ -50,6 +51,7 @@ def collect(
         per_batch = max(1, cfg.rollout.batch_size // samples_per_task)
         start = time.time()
         written = successes = errors = 0
+        first_error = None
         total = len(tasks) * samples_per_task
         for i in range(0, len(tasks), per_batch):
             trajectories = ctx.rollout(tasks[i : i + per_batch], params, samples_per_task)
@@ -57,6 +59,7 @@ def collect(
             written += len(trajectories)
             successes += sum(t.correct for t in trajectories)
             errors += sum(t.error is not None for t in trajectories)
+            first_error = first_error or next((t.error for t in trajectories if t.error is not None), None)
             if on_append and part is not None:
                 on_append(written, total, part)
-    return CollectResult(run_id, written, successes, errors, time.time() - start)
+    return CollectResult(run_id, written, successes, errors, time.time() - start, first_error)

@@ -44,6 +44,9 @@ def _import(entry_point: str):
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise EnvError(f"env.id {entry_point!r}: cannot import module {module_name!r} ({e})") from None
+    except Exception as e:  # noqa: BLE001 - the user's module fails while importing (a SyntaxError, ...)
+        raise EnvError(f"env.id {entry_point!r}: importing module {module_name!r} raised {type(e).__name__}: "
+                       f"{e}") from None
     try:
         return getattr(module, attr)
     except AttributeError:
@@ -75,6 +78,9 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env | AEC
         raise
     except (TypeError, ValueError) as e:
         raise EnvError(f"env {env_id!r} with kwargs {kwargs}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a user constructor may raise anything; name it in one line
+        raise EnvError(f"env {env_id!r} with kwargs {kwargs}: its constructor raised {type(e).__name__}: {e}") \
+            from None
     if not is_multi_agent(env):
         check_text_env(env, env_id)
     return env

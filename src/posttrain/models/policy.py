@@ -10,7 +10,7 @@ import torch
 from peft import PeftModel
 
 from posttrain.config import ModelSection
-from posttrain.models.loading import load_model, load_tokenizer
+from posttrain.models.loading import ModelLoadError, describe_error, load_model, load_tokenizer
 from posttrain.models.logprobs import TokenOutputs, policy_forward, token_logprobs
 from posttrain.models.lora import apply_lora
 from posttrain.models.packed_linear import pack_frozen_linears
@@ -43,7 +43,10 @@ class Policy:
             path = _model_dir(Path(checkpoint))
             if (path / "adapter_config.json").is_file():
                 base = load_model(cfg.name, cfg.dtype)
-                model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
+                try:
+                    model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
+                except Exception as e:  # noqa: BLE001 - truncated or garbage adapter files raise many types
+                    raise ModelLoadError(f"cannot load the LoRA adapters in {path}: {describe_error(e)}") from None
             else:
                 model = load_model(str(path), cfg.dtype)
             tokenizer = load_tokenizer(str(path))

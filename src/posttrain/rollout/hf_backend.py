@@ -32,6 +32,8 @@ class HFBackend:
         self.batch_size = batch_size
         self.pack_weights = pack_weights
         self.eos_ids = _eos_ids(model, tokenizer)
+        # Longest sequence the model has positions for (None: unbounded); the episode loop keeps within it.
+        self.max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0])
         self.generator = torch.Generator().manual_seed(seed)
         self._cache_kwarg = cache_kwarg(getattr(model, "get_base_model", lambda: model)())

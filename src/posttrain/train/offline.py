@@ -71,6 +71,7 @@ class OfflineTrainer:
         self.ctx = RunContext(cfg, progress, generation_batch=cfg.eval.batch_size)
         self.policy = self.ctx.policy
         self.eval_tasks = self.ctx.tasks("eval")
+        self.skipped_parts: list[tuple[str, str]] = []  # (store part, why it was left out)
         self.examples, self.labels = self._load_examples()
         self.optimizer = adamw(self.policy.trainable_parameters(), self.off.learning_rate, cfg.train.weight_decay)
         total = self.off.epochs * -(-len(self.examples) // self.off.batch_size)
@@ -91,10 +92,12 @@ class OfflineTrainer:
             return load_demonstrations(self.cfg.sft.demonstrations, self.policy.tokenizer), None
         if not off.store:
             raise ConfigError(f"offline.method={off.method} reads a trajectory store: set offline.store")
-        store = TrajectoryStore(off.store)
-        if not store.files():
-            raise DataError(f"trajectory store {off.store} holds no trajectories (write one with `posttrain collect`)")
+        store = TrajectoryStore(off.store, skip_bad_parts=off.skip_bad_parts)
         trajectories = store.trajectories()
+        self.skipped_parts = store.skipped
+        if not trajectories:
+            raise DataError(f"trajectory store {off.store} holds no readable trajectories (write one with "
+                            "`posttrain collect`)")
         if off.method in PAIRED:
             pairs = preference_pairs(trajectories, off.min_reward_gap, off.max_pairs_per_task)
             if not pairs:
