@@ -200,6 +200,11 @@ class AlgorithmSection(_Section):
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount per step: PPO's GAE step (token or turn), or "
                          "per turn with credit=turn.")
     lam: float = Field(0.95, ge=0.0, le=1.0, description="PPO: GAE lambda (Schulman et al. 2016).")
+    tis_cap: float = Field(
+        2.0, ge=0.0, description="Truncated importance sampling (Yao et al. 2025): when the sampling policy is "
+        "not the trained one (train.async_steps > 0), each token's policy-gradient term is weighted by "
+        "min(pi_train / pi_behaviour, tis_cap); 0 turns the correction off."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -270,6 +275,11 @@ class TrainSection(_Section):
         0, ge=0, description="Save a checkpoint every N steps (0: only at the end)."
     )
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 uses every core.")
+    async_steps: int = Field(
+        0, ge=0, description="Asynchronous rollouts: sampling for the next K steps overlaps the update, on a "
+        "snapshot of the weights at most K updates old (AReaL's bounded staleness, Fu et al. 2025); the loss is "
+        "corrected with truncated importance weights (algorithm.tis_cap). 0 is synchronous."
+    )
     fsdp: bool = Field(
         False, description="Under torchrun: shard the decoder layers' parameters, gradients and optimiser state "
         "across the ranks with FSDP2 (torch.distributed.fsdp.fully_shard), for models that do not fit on one "
@@ -438,6 +448,10 @@ class RunConfig(_Section):
             )
         if self.sft.weight > 0 and not self.sft.demonstrations:
             raise ValueError("sft.weight > 0 mixes an SFT loss into training: set sft.demonstrations to a JSONL file")
+        r = self.rollout
+        if self.train.async_steps and (r.temperature != 1.0 or r.top_p < 1.0):
+            raise ValueError("train.async_steps > 0 corrects the loss with the sampler's log-probabilities, which "
+                             "are the policy's own only at rollout.temperature=1 and rollout.top_p=1")
         batch = self.train.tasks_per_step * self.algorithm.group_size
         mb = self.train.minibatch_size
         if mb and batch % mb:

@@ -28,6 +28,7 @@ from posttrain.algorithms.gae import gae, outcome_token_rewards, reinforce_pp_ad
 from posttrain.algorithms.kl import AdaptiveKLController, FixedKLController, kl_estimate
 from posttrain.algorithms.losses import aggregate, explained_variance, grpo_loss, gspo_loss, value_loss
 from posttrain.algorithms.normalization import RunningMeanStd, clip_advantages, normalize_rewards, whiten
+from posttrain.algorithms.off_policy import logprob_mismatch, truncated_importance_weights
 from posttrain.config import AlgorithmSection
 from posttrain.models.logprobs import TokenOutputs
 from posttrain.types import Batch
@@ -73,12 +74,17 @@ class Algorithm:
 
     ``optimizer_steps_per_batch`` is how many optimiser steps one sampled batch serves
     (``num_iterations`` x minibatches): above 1 the policy moves before the batch is used up, so
-    the loss needs the sampling policy's log-probabilities to form its ratio.
+    the loss needs the sampling policy's log-probabilities to form its ratio. ``off_policy``: the
+    batches were sampled by other weights than the trained ones (asynchronous rollouts); the ratio is
+    then taken against the trained weights before the update and each token's term is weighted by
+    the truncated importance weight against the sampler (``tis_cap``).
     """
 
-    def __init__(self, cfg: AlgorithmSection, *, max_new_tokens: int, optimizer_steps_per_batch: int = 1):
+    def __init__(self, cfg: AlgorithmSection, *, max_new_tokens: int, optimizer_steps_per_batch: int = 1,
+                 off_policy: bool = False):
         self.cfg = cfg
         self.max_new_tokens = max_new_tokens
+        self.off_policy = off_policy
         self.reuses_batch = optimizer_steps_per_batch > 1
         self.kl_controller = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.kl_target
                               else FixedKLController(cfg.beta))
@@ -104,7 +110,7 @@ class Algorithm:
     def needs_old_logprobs(self) -> bool:
         """The sampling policy's log-probs are needed: for the ratio when a batch serves several
         optimiser steps, or for the per-token KL in the reward."""
-        return self.reuses_batch or (self.cfg.kl_in_reward and self.beta > 0)
+        return self.reuses_batch or self.off_policy or (self.cfg.kl_in_reward and self.beta > 0)
 
     # ------------------------------------------------------------------ sampling decisions
 
@@ -133,11 +139,18 @@ class Algorithm:
                 behaviour_logprobs: torch.Tensor | None = None) -> dict[str, float]:
         """Fill the batch's old/reference log-probs, old values, advantages and returns; return metrics.
 
-        ``behaviour_logprobs`` are the sampler's, when they are the current policy's own (same
-        weights, temperature 1); otherwise (None) old log-probs are recomputed when needed.
+        ``behaviour_logprobs`` are the sampler's, when they are of the policy's own distribution
+        (temperature 1); otherwise (None) old log-probs are recomputed when needed. Off-policy, old
+        log-probs are always recomputed with the current weights and the sampler's give the TIS weights.
         """
         metrics: dict[str, float] = {}
-        if self.needs_old_logprobs():
+        if self.off_policy and behaviour_logprobs is not None:
+            batch.old_logprobs = scorer.logprobs(batch)
+            batch.tis_weights = truncated_importance_weights(batch.old_logprobs, behaviour_logprobs, self.cfg.tis_cap)
+            mask = batch.loss_mask
+            metrics["logprob_mismatch"] = float(logprob_mismatch(behaviour_logprobs, batch.old_logprobs, mask))
+            metrics["tis_weight_mean"] = float((batch.tis_weights * mask).sum() / mask.sum().clamp(min=1))
+        elif self.needs_old_logprobs():
             batch.old_logprobs = behaviour_logprobs if behaviour_logprobs is not None else scorer.logprobs(batch)
         if self.beta > 0:
             batch.ref_logprobs = scorer.reference_logprobs(batch)
@@ -222,13 +235,14 @@ class Algorithm:
         if cfg.name == "gspo":
             total, stats = self._policy_loss(outputs.logprobs, old, batch.advantages, mask,
                                              epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
-                                             total_sequences=norm.sequences)
+                                             total_sequences=norm.sequences, token_weights=batch.tis_weights)
         else:
             total, stats = self._policy_loss(
                 outputs.logprobs, old, batch.advantages, mask, epsilon_low=cfg.epsilon_low,
                 epsilon_high=cfg.epsilon_high, beta=0.0 if cfg.kl_in_reward else self.beta,
                 ref_logprobs=batch.ref_logprobs, kl_kind=cfg.kl_estimator, aggregation=cfg.loss_aggregation,
-                total_tokens=norm.tokens, total_sequences=norm.sequences, max_tokens=float(self.max_new_tokens))
+                total_tokens=norm.tokens, total_sequences=norm.sequences, max_tokens=float(self.max_new_tokens),
+                token_weights=batch.tis_weights)
         if outputs.values is not None:
             old_values = batch.old_values if batch.old_values is not None else outputs.values.detach()
             v_loss = value_loss(outputs.values, old_values, batch.returns, mask, cfg.value_clip or None, norm.tokens)

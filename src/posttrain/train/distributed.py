@@ -184,6 +184,9 @@ def _check_divisible(cfg: RunConfig, world: int) -> None:
     if cfg.model.lora.enabled and t.fsdp:
         raise ConfigError("train.fsdp shards full weights; with LoRA the base is frozen and small adapters train: "
                           "use plain data parallel (train.fsdp=false)")
+    if t.async_steps:
+        raise ConfigError("train.async_steps is not supported with data-parallel processes yet: set "
+                          "train.async_steps=0 under torchrun")
     if cfg.eval.num_tasks < world:
         raise ConfigError(f"eval.num_tasks ({cfg.eval.num_tasks}) must be at least the {world} processes")
 

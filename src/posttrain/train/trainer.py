@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -24,6 +24,7 @@ from posttrain.data.store import TrajectoryStore
 from posttrain.envs.contract import step_metrics
 from posttrain.eval import EvalResult
 from posttrain.models.value import Critic
+from posttrain.train.async_rollout import AsyncSampler
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
 from posttrain.train.optimizer import adamw, lr_schedule
 from posttrain.train.stats import RunningStats
@@ -41,7 +42,8 @@ class Trainer:
     def __init__(self, cfg: RunConfig, progress: ProgressHook | None = None):
         self.cfg = cfg
         self.algorithm = Algorithm(cfg.algorithm, max_new_tokens=cfg.rollout.max_new_tokens,
-                                   optimizer_steps_per_batch=optimizer_steps_per_batch(cfg))
+                                   optimizer_steps_per_batch=optimizer_steps_per_batch(cfg),
+                                   off_policy=cfg.train.async_steps > 0)
         self.ctx = RunContext(cfg, progress, need_reference=self.algorithm.needs_reference)
         self.policy = self.ctx.policy
         self.dist = self.ctx.dist  # data parallel: this rank's share of tasks, batch and gradient
@@ -68,6 +70,8 @@ class Trainer:
         self.demonstrations = (load_demonstrations(cfg.sft.demonstrations, self.policy.tokenizer)
                                if cfg.sft.weight > 0 else [])
         self._next_demo = 0
+        self.updates = 0  # the policy version: updates made so far
+        self.async_sampler: AsyncSampler | None = None  # train.async_steps: started by train()
 
     # ----------------------------------------------------------------- the loop
 
@@ -77,6 +81,8 @@ class Trainer:
         ctx.start_run()
         try:
             before = self.evaluate() if cfg.eval.before_training else None
+            if cfg.train.async_steps:
+                self.async_sampler = AsyncSampler(ctx, self.sample, cfg.train.steps - self.step, cfg.train.async_steps)
             while self.step < cfg.train.steps:
                 self.step += 1
                 metrics = self.train_step()
@@ -90,6 +96,8 @@ class Trainer:
             if not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every:
                 self.save()
         finally:
+            if self.async_sampler is not None:
+                self.async_sampler.close()
             ctx.close()
         result = TrainResult(ctx.run_dir, before, after, self.step, time.time() - start)
         ctx.write_summary({"steps": self.step, "seconds": result.seconds,
@@ -110,14 +118,16 @@ class Trainer:
         """One step: sample groups, score them, let the algorithm prepare the batch, update, report."""
         t0 = time.time()
         with self.dist.full_weights(self.policy.model):  # FSDP: generation and scoring on gathered weights
-            trajectories, rewards, metrics = self.sample()
-            metrics["generation_seconds"] = time.time() - t0
+            trajectories, rewards, metrics = self.async_sampler.next() if self.async_sampler else self.sample()
+            metrics["generation_seconds"] = time.time() - t0  # async: the wait for the sampler
             if trajectories:
                 batch = self.batch(trajectories)
                 metrics.update(self.algorithm.prepare(batch, rewards, [t.step_rewards for t in trajectories], self,
                                                       self.behaviour_logprobs(batch, trajectories)))
         if trajectories:
-            metrics.update(self.update(batch))
+            with self.async_sampler.updating() if self.async_sampler else nullcontext():
+                metrics.update(self.update(batch))
+            self.updates += 1
             self.ctx.sync_weights()
             self.algorithm.after_step(metrics, len(trajectories))
         else:
@@ -140,10 +150,12 @@ class Trainer:
             picked.append(self.train_tasks[self._task_order.pop()])
         return picked
 
-    def sample(self) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
+    def sample(self, rollout=None) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
         """Roll out tasks_per_step groups and score them; when the algorithm drops groups without
-        signal (DAPO's dynamic sampling), sample more tasks until the batch is full or the rounds run out."""
+        signal (DAPO's dynamic sampling), sample more tasks until the batch is full or the rounds run out.
+        ``rollout(tasks, params, n)`` samples (the asynchronous sampler passes its own)."""
         cfg, algo = self.cfg, self.algorithm
+        rollout = rollout or self._rollout
         g = cfg.algorithm.group_size
         kept: list[Trajectory] = []
         kept_rewards: list[torch.Tensor] = []
@@ -151,7 +163,7 @@ class Trainer:
         flat_count = rounds = 0
         while len(kept) < self.tasks_per_step * g and rounds < algo.max_sampling_rounds:
             rounds += 1
-            trajectories = self.ctx.rollout(self.next_tasks(self.tasks_per_step - len(kept) // g), self.sampling, g)
+            trajectories = rollout(self.next_tasks(self.tasks_per_step - len(kept) // g), self.sampling, g)
             sampled += trajectories
             rewards = algo.shaped_rewards(torch.tensor([t.reward for t in trajectories]),
                                           torch.tensor([t.num_sampled_tokens for t in trajectories]))
@@ -169,6 +181,12 @@ class Trainer:
         rewards = torch.cat(kept_rewards) if kept_rewards else torch.zeros(0)
         return kept, rewards, {**info, **rollout_metrics(everyone)}
 
+    def _rollout(self, tasks: list[Task], params, n: int) -> list[Trajectory]:
+        trajectories = self.ctx.rollout(tasks, params, n)
+        for t in trajectories:
+            t.policy_version = self.updates
+        return trajectories
+
     def batch(self, trajectories: list[Trajectory]) -> Batch:
         """Padded tensors of the trajectories. A trajectory cut short by an environment failure says
         nothing about the policy's answer: it counts in its group's statistics (as reward 0) but its
@@ -181,9 +199,10 @@ class Trainer:
     def behaviour_logprobs(self, batch: Batch, trajectories: list[Trajectory]) -> torch.Tensor | None:
         """The sampler's log-probabilities as ``[B, T]``, when they are the policy's own.
 
-        The policy has not changed since it sampled, so when it sampled from its own distribution
-        (temperature 1, no top-p) these equal a fresh forward pass, which is then not needed; with
-        another temperature or top-p they are of another distribution, and this returns None.
+        Synchronously the policy has not changed since it sampled, so when it sampled from its own
+        distribution (temperature 1, no top-p) these equal a fresh forward pass, which is then not
+        needed; with another temperature or top-p they are of another distribution, and this returns
+        None. Asynchronously they are the behaviour policy's, for the importance weights.
         """
         if self.sampling.temperature != 1.0 or self.sampling.top_p < 1.0:
             return None
