@@ -11,6 +11,7 @@ from posttrain.config import load_config  # noqa: E402
 from posttrain.models.loading import ModelLoadError  # noqa: E402
 from posttrain.rollout import HFBackend, SamplingParams  # noqa: E402
 from posttrain.rollout.env_workers import RayEnvPool  # noqa: E402
+from posttrain.rollout.ray_runtime import LOCAL_SYSTEM_CONFIG  # noqa: E402
 from posttrain.train import Trainer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +33,7 @@ def test_a_run_whose_setup_fails_stops_the_ray_it_started(tmp_path):
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config=LOCAL_SYSTEM_CONFIG)
     yield
     ray.shutdown()
 

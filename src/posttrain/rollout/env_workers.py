@@ -103,9 +103,14 @@ class RayEnvPool:
         self.workers = [self._start() for _ in range(workers)]
         self.generations = [0] * workers
         self.replaced = 0
-        for handle in self.workers:
-            error = self.ray.get(handle.ready.remote())
+        for i, handle in enumerate(self.workers):
+            try:
+                error = self.ray.get(handle.ready.remote(), timeout=max(timeout, 120.0))
+            except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError) as e:
+                self.close()
+                raise EnvError(f"env worker {i} for {env_id!r} did not start: {type(e).__name__}") from None
             if error:
+                self.close()
                 raise EnvError(f"env {env_id!r} could not be built in an env worker: {error}")
         self._slots: list[RemoteEnv] = []
 

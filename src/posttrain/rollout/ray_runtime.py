@@ -12,6 +12,11 @@ import sys
 from posttrain.config import RaySection
 
 
+# A local Ray on a shared laptop: Ray's own memory monitor kills workers once the *machine* is 95% full,
+# whoever uses the memory; the operating system's OOM killer still protects it.
+LOCAL_SYSTEM_CONFIG = {"memory_monitor_refresh_ms": 0}
+
+
 class RayUnavailable(RuntimeError):
     """env.workers or rollout.workers is set but Ray is not installed."""
 
@@ -34,7 +39,8 @@ class RayRuntime:
             if cfg.address:
                 ray.init(address=cfg.address, log_to_driver=False)
             else:
-                ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, log_to_driver=False)
+                ray.init(num_cpus=cfg.num_cpus, include_dashboard=False, log_to_driver=False,
+                         _system_config=LOCAL_SYSTEM_CONFIG)
 
     @staticmethod
     def worker_sys_path() -> list[str]:
