@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 setup: $(VENV)/.installed
 
 demo: setup
-	$(VENV)/bin/posttrain train examples/arithmetic_grpo.yaml
+	$(VENV)/bin/posttrain train examples/arithmetic_grpo.yaml --overwrite
 
 test: setup
 	$(VENV)/bin/python -m pytest -q -ra

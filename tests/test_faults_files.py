@@ -94,7 +94,7 @@ def test_dpo_on_a_store_with_a_bad_part_stops_or_skips_it_through_the_cli(tmp_pa
     config = tiny_config(tmp_path, offline={"store": str(tmp_path / "store"), "epochs": 1, "batch_size": 2},
                          eval={"num_tasks": 1, "before_training": False})
     assert_one_line_error(invoke("dpo", config), f"trajectory store part {bad}")
-    ended = invoke("dpo", config, "--set", "offline.skip_bad_parts=true")
+    ended = invoke("dpo", config, "--set", "offline.skip_bad_parts=true", "--overwrite")
     assert ended.exception is None and ended.exit_code == 0, ended.stderr[-2000:]
     assert f"skipped store part {bad}" in ended.stderr
 

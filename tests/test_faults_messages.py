@@ -52,7 +52,7 @@ def test_an_uncached_hub_id_is_one_line_online_or_not():
 
 def test_eval_where_every_episode_failed_exits_2_saying_what_failed(tmp_path):
     config = tiny_config(tmp_path, env={"id": "user_envs:AlwaysFailing", "kwargs": {}}, eval={"num_tasks": 1})
-    line = assert_one_line_error(invoke("eval", config), "every held-out episode failed (1 of 1)")
+    line = assert_one_line_error(invoke("eval", config), "every held-out episode of tiny-random failed (1 of 1)")
     assert "step: RuntimeError: the environment's backend is down" in line
     assert "0.0%" not in invoke("eval", config).stdout
 
@@ -61,7 +61,7 @@ def test_collect_where_every_episode_failed_keeps_them_and_exits_2(tmp_path):
     config = tiny_config(tmp_path, env={"id": "user_envs:AlwaysFailing", "kwargs": {}})
     store = tmp_path / "store"
     line = assert_one_line_error(invoke("collect", config, "--out", store, "--n", 2, "--tasks", 1),
-                                 "every episode failed (2 of 2", "the environment's backend is down")
+                                 "every episode of the collection failed (2 of 2", "the environment's backend is down")
     assert str(store) in line
     from posttrain.data import TrajectoryStore
 

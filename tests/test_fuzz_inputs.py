@@ -121,7 +121,7 @@ def test_fuzzed_store_part(tmp_path, case):
     config = tiny_config(tmp_path, offline={"store": str(tmp_path / "store"), "epochs": 1, "batch_size": 2},
                          eval={"before_training": False})
     for skip in ("false", "true"):
-        ended = invoke("dpo", config, *CHEAP, "--set", f"offline.skip_bad_parts={skip}")
+        ended = invoke("dpo", config, *CHEAP, "--set", f"offline.skip_bad_parts={skip}", "--overwrite")
         assert_ends_cleanly(ended, victim, content)
         assert good.read_bytes() == kept
     assert ended.exit_code == 0, ended.stderr[-2000:]  # skipping, the good part is enough to train on

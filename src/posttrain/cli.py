@@ -23,6 +23,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Reinforcemen
 console = Console(stderr=True)
 
 SET_HELP = "Override a config field, e.g. --set train.steps=10 (repeatable)."
+OVERWRITE_HELP = ("Replace the previous run in output_dir: its metrics, events, samples and summary go; its "
+                  "checkpoints stay until this run writes the same step. Without it a used output_dir is refused.")
 
 
 def _quiet_libraries() -> None:
@@ -48,6 +50,7 @@ def _user_errors():
     from posttrain.sandbox import SandboxUnavailable
     from posttrain.train.checkpoint import CheckpointError
     from posttrain.train.run_dir import RunDirError
+    from posttrain.train.stopping import TrainingStopped
 
     _quiet_libraries()
     try:
@@ -56,6 +59,12 @@ def _user_errors():
             EpisodesFailed, RayUnavailable) as e:
         _error_line(str(e))
         raise typer.Exit(2) from None
+    except TrainingStopped as e:  # a signal (saved; 128 + its number) or a failure after saving (2)
+        if e.exit_code == 2:
+            _error_line(str(e))
+        else:
+            console.print(f"stopped: {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(e.exit_code) from None
     except OSError as e:
         _error_line(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e))
         raise typer.Exit(2) from None
@@ -87,13 +96,15 @@ def _is_rank_zero() -> bool:
 def train(
     config: str = typer.Argument(..., help="YAML run config."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
 ) -> None:
     """Train a policy with online RL, evaluating on the held-out split before and after."""
     with _user_errors():
         cfg = load_config(config, overrides)
         from posttrain.train import Trainer
+        from posttrain.train.run_dir import open_run_dir
 
-        with _progress() as progress:
+        with open_run_dir(cfg.output_dir, overwrite=overwrite), _progress() as progress:
             hook = _progress_hook(progress, lambda info: f"reward {info['reward_mean']:.2f}  "
                                                          f"{info['step_seconds']:.1f}s/step")
             result = Trainer(cfg, progress=hook).train()
@@ -143,7 +154,6 @@ def eval_cmd(
     with _user_errors():
         cfg = load_config(config, overrides)
         from posttrain.envs import EnvError
-        from posttrain.rollout.episodes import EpisodesFailed
         from posttrain.train.context import RunContext
 
         with RunContext(cfg, checkpoint=checkpoint, generation_batch=cfg.eval.batch_size) as ctx:
@@ -153,10 +163,7 @@ def eval_cmd(
             with _progress() as progress:
                 bar = progress.add_task("eval", total=len(tasks), info="")
                 result = ctx.evaluate(0, tasks, lambda n: progress.advance(bar, n))
-            if result.samples and result.errors == len(result.samples):
-                first = next(s["error"] for s in result.samples if s["error"])
-                raise EpisodesFailed(f"every held-out episode failed ({result.errors} of {len(result.samples)}): "
-                                     f"no accuracy was measured; the first: {first[:300]}")
+            result.raise_if_all_failed(f"of {checkpoint or cfg.model.name}")
     if as_json:
         sys.stdout.write(json.dumps({"checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.id,
                                      **result.metrics()}) + "\n")
@@ -190,22 +197,24 @@ def collect(
 
         result = run_collect(cfg, out, n, tasks, checkpoint, acknowledge)
         if result.errors == result.trajectories:
-            raise EpisodesFailed(f"every episode failed ({result.errors} of {result.trajectories}; they are kept in "
-                                 f"{out} with their errors, run {result.run_id}): the first: {result.first_error}")
+            raise EpisodesFailed(f"every episode of the collection failed ({result.errors} of {result.trajectories}; "
+                                 f"kept in {out} with their errors, run {result.run_id}): the first: "
+                                 f"{result.first_error}")
     Console().print(f"collected {result.trajectories} trajectories ({result.successes / result.trajectories:.1%} "
                     f"successful, {result.errors} errors) in {result.seconds / 60:.1f} min into {out} "
                     f"(run {result.run_id})")
 
 
-def _offline(config: str, overrides: list[str], methods: tuple[str, ...], command: str) -> None:
+def _offline(config: str, overrides: list[str], methods: tuple[str, ...], command: str, overwrite: bool) -> None:
     with _user_errors():
         cfg = load_config(config, overrides)
         if cfg.offline.method not in methods:
             raise ConfigError(f"{config}: `posttrain {command}` trains offline.method {' or '.join(methods)}, "
                               f"got {cfg.offline.method!r}")
         from posttrain.train.offline import OfflineTrainer
+        from posttrain.train.run_dir import open_run_dir
 
-        with _progress() as progress:
+        with open_run_dir(cfg.output_dir, overwrite=overwrite), _progress() as progress:
             hook = _progress_hook(progress, lambda info: f"loss {info['loss']:.3f}  {info['step_seconds']:.1f}s/step")
             trainer = OfflineTrainer(cfg, progress=hook)
             for part, reason in trainer.skipped_parts:
@@ -219,18 +228,20 @@ def _offline(config: str, overrides: list[str], methods: tuple[str, ...], comman
 def dpo(
     config: str = typer.Argument(..., help="YAML run config; offline.method is dpo, ipo, cdpo or kto."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
 ) -> None:
     """Preference optimisation (DPO, IPO, cDPO, KTO) on a trajectory store's successes and failures."""
-    _offline(config, overrides, ("dpo", "ipo", "cdpo", "kto"), "dpo")
+    _offline(config, overrides, ("dpo", "ipo", "cdpo", "kto"), "dpo", overwrite)
 
 
 @app.command()
 def sft(
     config: str = typer.Argument(..., help="YAML run config; offline.method is rft (store) or sft (demonstrations)."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
 ) -> None:
     """Supervised fine-tuning: on a store's successful trajectories (rft) or on demonstrations (sft)."""
-    _offline(config, overrides, ("rft", "sft"), "sft")
+    _offline(config, overrides, ("rft", "sft"), "sft", overwrite)
 
 
 @app.command()

@@ -153,3 +153,17 @@ register(
     "A tester writes asserts, a coder writes the function; shared reward = share of hidden reference tests passed",
     multi_agent=True,
 )
+register(
+    "miniwob",
+    "posttrain.envs.web.miniwob:MiniWoBEnv",
+    "MiniWoB++ web tasks in Chromium (Playwright): accessibility-tree text in, BrowserGym actions out; "
+    "tier easy (default), medium, hard or all, or a list of tasks",
+    example_kwargs={"tasks": ["click-test", "enter-text"]},
+)
+register(
+    "web_shop",
+    "posttrain.envs.web.shop.env:WebShopEnv",
+    "Buy what the instruction asks on a generated shop site in Chromium (search, product options, cart, "
+    "checkout); reward = attribute match of the purchase, progress rewards on the way",
+    example_kwargs={"num_products": 40, "num_train": 20, "num_eval": 5},
+)

@@ -9,7 +9,7 @@ from typing import Any
 from posttrain.config import EvalSection, RolloutSection
 from posttrain.eval.pass_at_k import mean_pass_at_k
 from posttrain.rollout.backend import GenerationBackend, SamplingParams
-from posttrain.rollout.episodes import EnvPool, run_episodes
+from posttrain.rollout.episodes import EnvPool, EpisodesFailed, run_episodes
 from posttrain.types import Task, Trajectory
 
 
@@ -21,6 +21,13 @@ class EvalResult:
     errors: int
     samples: list[dict[str, Any]] = field(default_factory=list)
     pass_at: dict[int, float] = field(default_factory=dict)  # k -> pass@k
+
+    def raise_if_all_failed(self, when: str) -> None:
+        """:class:`EpisodesFailed` when every held-out episode failed: nothing was measured."""
+        if self.samples and self.errors == len(self.samples):
+            first = next(s["error"] for s in self.samples if s["error"])
+            raise EpisodesFailed(f"every held-out episode {when} failed ({self.errors} of {len(self.samples)}): no "
+                                 f"accuracy was measured; the first: {' '.join(first.split())[:300]}")
 
     def metrics(self) -> dict[str, float]:
         return {"accuracy": self.accuracy, "reward_mean": self.reward_mean,

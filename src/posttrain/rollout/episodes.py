@@ -119,7 +119,7 @@ def raise_if_all_failed(trajectories: list[Trajectory], what: str) -> None:
     """:class:`EpisodesFailed` when there were episodes and every one ended with an error."""
     if trajectories and all(t.error is not None for t in trajectories):
         kinds = sorted({t.error_kind or "error" for t in trajectories})
-        raise EpisodesFailed(f"every {what} episode failed ({len(trajectories)} of {len(trajectories)}: "
+        raise EpisodesFailed(f"every episode of {what} failed ({len(trajectories)} of {len(trajectories)}: "
                              f"{', '.join(kinds)}); the first: {' '.join(trajectories[0].error.split())[:300]}")
 
 

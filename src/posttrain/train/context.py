@@ -8,7 +8,6 @@ policy, a generation backend, a metrics logger, held-out evaluation and checkpoi
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from posttrain.rollout.ray_runtime import RayRuntime
 from posttrain.rollout.rollout_workers import RolloutWorkers
 from posttrain.train.checkpoint import checkpoint_path, save_checkpoint
 from posttrain.train.distributed import Distributed
-from posttrain.train.metrics import MetricsLogger
+from posttrain.train.metrics import MetricsLogger, dumps_finite
 from posttrain.types import Task, Trajectory
 
 ProgressHook = Callable[[str, int, int, dict], None]
@@ -182,7 +181,7 @@ class RunContext:
             self.logger.log("eval", step, result.metrics())
             samples = self.run_dir / "eval_samples" / f"step-{step:06d}.jsonl"
             samples.parent.mkdir(parents=True, exist_ok=True)
-            samples.write_text("".join(json.dumps(s) + "\n" for s in result.samples))
+            samples.write_text("".join(dumps_finite(s) + "\n" for s in result.samples))
         return result
 
     def save_checkpoint(self, step: int, optimizer, scheduler, extra: dict) -> Path:
@@ -196,4 +195,4 @@ class RunContext:
 
     def write_summary(self, summary: dict) -> None:
         if self.dist.is_main:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            (self.run_dir / "summary.json").write_text(dumps_finite(summary, indent=2))

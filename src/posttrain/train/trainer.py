@@ -24,9 +24,11 @@ from posttrain.data.store import TrajectoryStore
 from posttrain.envs.contract import step_metrics
 from posttrain.eval import EvalResult
 from posttrain.models.value import Critic
+from posttrain.rollout.episodes import raise_if_all_failed
 from posttrain.train.async_rollout import AsyncSampler
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
 from posttrain.train.optimizer import adamw, lr_schedule
+from posttrain.train.stopping import RunGuard
 from posttrain.train.stats import RunningStats
 from posttrain.types import Batch, Task, Trajectory
 
@@ -79,26 +81,34 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         start = time.time()
         ctx.start_run()
-        try:
-            before = self.evaluate() if cfg.eval.before_training else None
-            if cfg.train.async_steps:
-                self.async_sampler = AsyncSampler(ctx, self.sample, cfg.train.steps - self.step, cfg.train.async_steps)
-            while self.step < cfg.train.steps:
-                self.step += 1
-                metrics = self.train_step()
-                ctx.log("train", self.step, metrics)
-                ctx.progress("train", self.step, cfg.train.steps, metrics)
-                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
-                    self.evaluate()
-                if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+        # A signal, a failing disk or a step without one working episode stops the run, saved first.
+        with RunGuard(self.save, lambda: self.step) as guard:
+            try:
+                before = self.evaluate() if cfg.eval.before_training else None
+                if before is not None:
+                    before.raise_if_all_failed("before training")
+                if cfg.train.async_steps:
+                    self.async_sampler = AsyncSampler(ctx, self.sample, cfg.train.steps - self.step,
+                                                      cfg.train.async_steps)
+                while self.step < cfg.train.steps:
+                    guard.check()
+                    metrics = self.train_step()  # raises EpisodesFailed before updating if every episode failed
+                    self.step += 1
+                    ctx.log("train", self.step, metrics)
+                    ctx.progress("train", self.step, cfg.train.steps, metrics)
+                    if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
+                        self.evaluate()
+                    if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+                        self.save()
+                guard.check()
+                after = self.evaluate()
+                after.raise_if_all_failed(f"after step {self.step}")
+                if not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every:
                     self.save()
-            after = self.evaluate()
-            if not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every:
-                self.save()
-        finally:
-            if self.async_sampler is not None:
-                self.async_sampler.close()
-            ctx.close()
+            finally:
+                if self.async_sampler is not None:
+                    self.async_sampler.close()
+                ctx.close()
         result = TrainResult(ctx.run_dir, before, after, self.step, time.time() - start)
         ctx.write_summary({"steps": self.step, "seconds": result.seconds,
                            "before": before.metrics() if before else None, "after": after.metrics()})
@@ -179,6 +189,7 @@ class Trainer:
             self.store.append(everyone, self.run_id, policy_version=self.scheduler.last_epoch)
         info = {"sampling_rounds": float(rounds), "zero_variance_groups": flat_count / (len(sampled) // g)}
         rewards = torch.cat(kept_rewards) if kept_rewards else torch.zeros(0)
+        raise_if_all_failed(everyone, f"training step {self.step + 1}")  # nothing to learn from: stop, say why
         return kept, rewards, {**info, **rollout_metrics(everyone)}
 
     def _rollout(self, tasks: list[Task], params, n: int) -> list[Trajectory]:
