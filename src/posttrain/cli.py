@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Optional
 
 import typer
@@ -104,7 +104,9 @@ def train(
         from posttrain.train import Trainer
         from posttrain.train.run_dir import open_run_dir
 
-        with open_run_dir(cfg.output_dir, overwrite=overwrite), _progress() as progress:
+        # Under torchrun rank 0 alone holds and writes the run directory.
+        run_dir = open_run_dir(cfg.output_dir, overwrite=overwrite) if _is_rank_zero() else nullcontext()
+        with run_dir, _progress() as progress:
             hook = _progress_hook(progress, lambda info: f"reward {info['reward_mean']:.2f}  "
                                                          f"{info['step_seconds']:.1f}s/step")
             result = Trainer(cfg, progress=hook).train()

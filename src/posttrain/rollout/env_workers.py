@@ -105,7 +105,7 @@ class RayEnvPool:
         self.replaced = 0
         for i, handle in enumerate(self.workers):
             try:
-                error = self.ray.get(handle.ready.remote(), timeout=max(timeout, 120.0))
+                error = self.ray.get(handle.ready.remote(), timeout=max(timeout, 600.0))  # a busy machine starts slowly
             except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError) as e:
                 self.close()
                 raise EnvError(f"env worker {i} for {env_id!r} did not start: {type(e).__name__}") from None
