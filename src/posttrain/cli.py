@@ -14,6 +14,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -76,7 +77,7 @@ def _user_errors():
 def _error_line(message: str) -> None:
     """``error: message`` on one line of stderr, whatever newlines the message held."""
     text = " ".join(line.strip() for line in message.splitlines() if line.strip())
-    console.print(f"[bold red]error:[/] {text}", highlight=False, soft_wrap=True, markup=True)
+    console.print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True, markup=True)
 
 
 def _progress() -> Progress:

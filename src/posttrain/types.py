@@ -114,7 +114,7 @@ class Batch:
     ref_logprobs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
-    tis_weights: torch.Tensor | None = None  # truncated importance weights when another policy sampled
+    importance_weights: torch.Tensor | None = None  # per-token loss weights (TIS), when another engine sampled
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -136,13 +136,23 @@ class Batch:
             ref_logprobs=take(self.ref_logprobs),
             old_values=take(self.old_values),
             returns=take(self.returns),
-            tis_weights=take(self.tis_weights),
+            importance_weights=take(self.importance_weights),
         )
 
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
+    def to(self, device: torch.device | str) -> "Batch":
+        """The same batch with every tensor on ``device``."""
+        return Batch(**{name: None if t is None else t.to(device) for name, t in vars(self).items()})
+
     @staticmethod
-    def from_trajectories(trajectories: list[Trajectory], pad_id: int) -> "Batch":
+    def from_trajectories(trajectories: list[Trajectory], pad_id: int,
+                          device: torch.device | str | None = None) -> "Batch":
         """Right-pad trajectories into tensors, with zero advantages for the caller to fill in.
 
+        Built on the host and moved to ``device`` (the policy's) in one copy per tensor.
         Logprob tensors are aligned with ``input_ids``: position t holds log p(input_ids[t]).
         """
         rows = [t.prompt_ids + t.completion_ids for t in trajectories]
@@ -157,8 +167,9 @@ class Batch:
             attention[i, :n] = 1
             mask[i, p:n] = torch.tensor(traj.loss_mask, dtype=torch.float32)
         prompt_lengths = torch.tensor([len(t.prompt_ids) for t in trajectories])
-        return Batch(input_ids=input_ids, attention_mask=attention, loss_mask=mask,
-                     advantages=torch.zeros_like(mask), prompt_lengths=prompt_lengths)
+        batch = Batch(input_ids=input_ids, attention_mask=attention, loss_mask=mask,
+                      advantages=torch.zeros_like(mask), prompt_lengths=prompt_lengths)
+        return batch if device is None else batch.to(device)
 
 
 @dataclass

@@ -74,17 +74,12 @@ class Algorithm:
 
     ``optimizer_steps_per_batch`` is how many optimiser steps one sampled batch serves
     (``num_iterations`` x minibatches): above 1 the policy moves before the batch is used up, so
-    the loss needs the sampling policy's log-probabilities to form its ratio. ``off_policy``: the
-    batches were sampled by other weights than the trained ones (asynchronous rollouts); the ratio is
-    then taken against the trained weights before the update and each token's term is weighted by
-    the truncated importance weight against the sampler (``tis_cap``).
+    the loss needs the sampling policy's log-probabilities to form its ratio.
     """
 
-    def __init__(self, cfg: AlgorithmSection, *, max_new_tokens: int, optimizer_steps_per_batch: int = 1,
-                 off_policy: bool = False):
+    def __init__(self, cfg: AlgorithmSection, *, max_new_tokens: int, optimizer_steps_per_batch: int = 1):
         self.cfg = cfg
         self.max_new_tokens = max_new_tokens
-        self.off_policy = off_policy
         self.reuses_batch = optimizer_steps_per_batch > 1
         self.kl_controller = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.kl_target
                               else FixedKLController(cfg.beta))
@@ -110,7 +105,7 @@ class Algorithm:
     def needs_old_logprobs(self) -> bool:
         """The sampling policy's log-probs are needed: for the ratio when a batch serves several
         optimiser steps, or for the per-token KL in the reward."""
-        return self.reuses_batch or self.off_policy or (self.cfg.kl_in_reward and self.beta > 0)
+        return self.reuses_batch or (self.cfg.kl_in_reward and self.beta > 0)
 
     # ------------------------------------------------------------------ sampling decisions
 
@@ -136,22 +131,27 @@ class Algorithm:
     # ------------------------------------------------------------------ batch preparation
 
     def prepare(self, batch: Batch, rewards: torch.Tensor, step_rewards: list[list[float]], scorer: BatchScorer,
-                behaviour_logprobs: torch.Tensor | None = None) -> dict[str, float]:
+                behaviour_logprobs: torch.Tensor | None = None,
+                sampler_logprobs: torch.Tensor | None = None) -> dict[str, float]:
         """Fill the batch's old/reference log-probs, old values, advantages and returns; return metrics.
 
-        ``behaviour_logprobs`` are the sampler's, when they are of the policy's own distribution
-        (temperature 1); otherwise (None) old log-probs are recomputed when needed. Off-policy, old
-        log-probs are always recomputed with the current weights and the sampler's give the TIS weights.
+        ``behaviour_logprobs`` are the sampler's, when they are the current policy's own (same
+        weights, temperature 1); otherwise (None) old log-probs are recomputed when needed.
+        ``sampler_logprobs`` are another engine's (vLLM) for the same distribution: the trainer's own
+        are then computed as the old log-probs, their gap is logged (``logprob_mismatch``) and, with
+        ``tis_cap`` > 0, each token's loss is weighted by truncated importance sampling.
         """
         metrics: dict[str, float] = {}
-        if self.off_policy and behaviour_logprobs is not None:
-            batch.old_logprobs = scorer.logprobs(batch)
-            batch.tis_weights = truncated_importance_weights(batch.old_logprobs, behaviour_logprobs, self.cfg.tis_cap)
-            mask = batch.loss_mask
-            metrics["logprob_mismatch"] = float(logprob_mismatch(behaviour_logprobs, batch.old_logprobs, mask))
-            metrics["tis_weight_mean"] = float((batch.tis_weights * mask).sum() / mask.sum().clamp(min=1))
-        elif self.needs_old_logprobs():
+        if self.needs_old_logprobs() or sampler_logprobs is not None:
             batch.old_logprobs = behaviour_logprobs if behaviour_logprobs is not None else scorer.logprobs(batch)
+        if sampler_logprobs is not None:
+            metrics["logprob_mismatch"] = float(logprob_mismatch(sampler_logprobs, batch.old_logprobs,
+                                                                 batch.loss_mask))
+            if self.cfg.tis_cap > 0:
+                batch.importance_weights = truncated_importance_weights(batch.old_logprobs, sampler_logprobs,
+                                                                        self.cfg.tis_cap)
+                sampled = batch.loss_mask.bool()
+                metrics["tis_weight_mean"] = float(batch.importance_weights[sampled].mean()) if sampled.any() else 1.0
         if self.beta > 0:
             batch.ref_logprobs = scorer.reference_logprobs(batch)
             current = batch.old_logprobs if batch.old_logprobs is not None else scorer.logprobs(batch)
@@ -235,14 +235,14 @@ class Algorithm:
         if cfg.name == "gspo":
             total, stats = self._policy_loss(outputs.logprobs, old, batch.advantages, mask,
                                              epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
-                                             total_sequences=norm.sequences, token_weights=batch.tis_weights)
+                                             total_sequences=norm.sequences, token_weights=batch.importance_weights)
         else:
             total, stats = self._policy_loss(
                 outputs.logprobs, old, batch.advantages, mask, epsilon_low=cfg.epsilon_low,
                 epsilon_high=cfg.epsilon_high, beta=0.0 if cfg.kl_in_reward else self.beta,
                 ref_logprobs=batch.ref_logprobs, kl_kind=cfg.kl_estimator, aggregation=cfg.loss_aggregation,
                 total_tokens=norm.tokens, total_sequences=norm.sequences, max_tokens=float(self.max_new_tokens),
-                token_weights=batch.tis_weights)
+                token_weights=batch.importance_weights)
         if outputs.values is not None:
             old_values = batch.old_values if batch.old_values is not None else outputs.values.detach()
             v_loss = value_loss(outputs.values, old_values, batch.returns, mask, cfg.value_clip or None, norm.tokens)
@@ -276,10 +276,11 @@ def turn_rewards(rewards: torch.Tensor, mask: torch.Tensor, step_rewards: list[l
     (shaped) reward, which is the return (the sum of step rewards) plus any shaping."""
     turns = (turn_ids(mask).max(dim=1).values + 1).tolist()
     out = torch.zeros(len(turns), max(max(turns), 1))
+    totals = rewards.tolist()
     for b, k in enumerate(turns):
         if k == 0:
             continue
         given = (step_rewards[b] if step_rewards else [])[: k - 1]
         out[b, : len(given)] = torch.tensor(given, dtype=torch.float32)
-        out[b, k - 1] = rewards[b] - sum(given)
-    return out
+        out[b, k - 1] = totals[b] - sum(given)
+    return out.to(mask.device)  # built on the host from Python lists, moved once

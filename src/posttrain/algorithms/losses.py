@@ -115,7 +115,7 @@ def grpo_loss(
     and above the range (counted only where clipping changes the gradient), ratio min/max.
     ``max_tokens`` is only read by the ``constant`` (Dr. GRPO) aggregation. ``token_weights``
     (no gradient) scale each token's surrogate term, not its KL: the truncated importance
-    weights of :mod:`posttrain.algorithms.off_policy` when another policy sampled.
+    weights of :mod:`posttrain.algorithms.off_policy` when another engine sampled.
     """
     per_token, ratio = clipped_surrogate(logprobs, old_logprobs, advantages, epsilon_low, epsilon_high)
     if token_weights is not None:

@@ -1,12 +1,14 @@
-"""When the sampler is not the trained policy: measuring and correcting the gap between their logprobs.
+"""When the sampler is not the trainer: measuring and correcting the gap between their logprobs.
 
-Two sources of the gap: asynchronous rollouts (``train.async_steps``), where the batch was sampled by
-weights up to K updates old, and inference engines that sample with their own kernels. Yao et al.
-2025 ("Your Efficient RL Framework Secretly Brings You Off-Policy RL Training") correct it with
-truncated importance sampling (TIS): every token's policy-gradient term is weighted by
-min(pi_train(a) / pi_behaviour(a), C), with pi_train the trainer's probability under the weights
-before this update (the "old", or proximal, policy of the PPO ratio; AReaL's decoupled objective,
-Fu et al. 2025) and the cap C bounding the variance.
+An inference engine (vLLM) samples with its own kernels, often in another precision, so the
+probability it gives a sampled token differs from the trainer's for the same weights. The policy
+gradient then uses tokens drawn from pi_sampler as if drawn from pi_trainer: a silent off-policy
+error. Yao et al. 2025 ("Your Efficient RL Framework Secretly Brings You Off-Policy RL Training",
+Aug 2025) correct it with truncated importance sampling (TIS): every token's policy-gradient term is
+weighted by min(pi_trainer(a) / pi_sampler(a), C), with pi_trainer the trainer's probability under
+the weights that sampled (the "old" policy) and the cap C bounding the variance. Asynchronous
+rollouts (``train.async_steps``) use the same weights against a sampler whose weights are up to K
+updates old, pi_trainer then being the weights before this update.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ def truncated_importance_weights(trainer_logprobs: torch.Tensor, sampler_logprob
                                  cap: float) -> torch.Tensor:
     """TIS weights min(pi_trainer / pi_sampler, cap) per token, without gradient (Yao et al. 2025).
 
-    ``trainer_logprobs`` are the trainer's logprobs of the sampled tokens under the weights before
-    the update, ``sampler_logprobs`` the behaviour policy's. ``cap`` <= 0 turns the correction off
-    (all weights 1). Positions outside the sampled tokens get whatever their inputs give; the loss
-    masks them.
+    ``trainer_logprobs`` are the trainer's logprobs of the sampled tokens under the sampling
+    weights (the old policy), ``sampler_logprobs`` the engine's. ``cap`` <= 0 turns the correction
+    off (all weights 1). Positions outside the sampled tokens get whatever their inputs give; the
+    loss masks them.
     """
     if cap <= 0:
         return torch.ones_like(trainer_logprobs)

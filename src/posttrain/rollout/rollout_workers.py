@@ -51,6 +51,8 @@ class GenerationHost:
 class RolloutWorkers:
     """A :class:`~posttrain.rollout.GenerationBackend` over ``cfg.rollout.workers`` Ray actors."""
 
+    same_logprobs_as_trainer = True  # the same HF model and kernels, on the weights of the last update
+
     def __init__(self, cfg: RunConfig, policy, batch_size: int):
         from posttrain.rollout.ray_runtime import RayRuntime, import_ray
 

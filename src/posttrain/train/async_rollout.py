@@ -7,8 +7,9 @@ step ``b`` (counting from 0) may start only once the trainer has made at least `
 it samples with the newest weights at that moment. Every trajectory carries the version (updates
 made) of the weights that sampled it, so the staleness of a step's batch, the trainer's version
 minus the batch's, never exceeds K; nothing is dropped for being stale (dropping would bias the
-batch towards tasks that are answered fast). The loss corrects the gap with truncated importance
-weights against the sampler's log-probabilities (see :mod:`posttrain.algorithms.off_policy`).
+batch towards tasks that are answered fast). The trainer recomputes the old log-probs with its current
+weights (the PPO ratio's proximal policy, AReaL's decoupled objective) and weights each token by the
+truncated importance weight against the sampler's (see :mod:`posttrain.algorithms.off_policy`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from posttrain.envs import EnvError, make_env
 from posttrain.eval import EvalResult, evaluate
 from posttrain.eval.evaluate import merge_results
 from posttrain.models import Policy
-from posttrain.rollout import EnvPool, HFBackend, SamplingParams, run_episodes
+from posttrain.rollout import EnvPool, HFBackend, SamplingParams, check_backend, make_backend, run_episodes
 from posttrain.rollout.env_workers import RayEnvPool
 from posttrain.rollout.ray_runtime import RayRuntime
 from posttrain.rollout.rollout_workers import RolloutWorkers
@@ -72,18 +72,25 @@ class RunContext:
         self.envs = None
         try:  # Ray's processes must not outlive a run whose setup fails
             self.envs = self.make_envs()
+            check_backend(cfg)  # a missing vLLM fails before the model loads
             self.policy = Policy.load(cfg.model, need_reference=need_reference, checkpoint=checkpoint)
             self.policy.model.eval()  # trainers switch to train mode for their updates only
             self.dist.broadcast_parameters(self.policy.model)
             self.dist.shard_model(self.policy.model)
-            batch = generation_batch or cfg.rollout.batch_size
-            seed = cfg.seed + self.dist.rank  # ranks sample different tokens
-            pack = cfg.model.pack_weights and not cfg.train.fsdp  # packing would copy the gathered weights again
-            self.backend = (RolloutWorkers(cfg, self.policy, batch) if cfg.rollout.workers else
-                            HFBackend(self.policy.model, self.policy.tokenizer, batch, seed, pack))
+            self.backend = self._make_backend(generation_batch)
         except BaseException:
             self.close()
             raise
+
+    def _make_backend(self, generation_batch: int | None):
+        """rollout.workers Ray actors, or the configured engine in this process (HF: seeded per rank)."""
+        cfg, batch = self.cfg, generation_batch or self.cfg.rollout.batch_size
+        if cfg.rollout.workers:
+            return RolloutWorkers(cfg, self.policy, batch)
+        if cfg.rollout.backend == "hf":
+            pack = self.policy.pack_weights and not cfg.train.fsdp  # packing would copy the gathered weights
+            return HFBackend(self.policy.model, self.policy.tokenizer, batch, cfg.seed + self.dist.rank, pack)
+        return make_backend(cfg, self.policy, generation_batch)
 
     def make_envs(self) -> EnvPool | RayEnvPool:
         """A pool of env instances: in this process, or in env.workers Ray actors."""
@@ -118,11 +125,6 @@ class RunContext:
         return run_episodes(self.envs, self.backend, self.policy.tokenizer, tasks, params, samples_per_task,
                             cfg.rollout.max_turns, cfg.rollout.max_context_tokens, cfg.env.step_timeout,
                             cfg.env.success_reward)
-
-    def sync_weights(self) -> None:
-        """After an update: rollout workers get the new weights (the in-process backend shares the model)."""
-        if isinstance(self.backend, RolloutWorkers):
-            self.backend.sync_weights()
 
     # ------------------------------------------------------------------ the run directory
 
@@ -172,6 +174,7 @@ class RunContext:
                 on_progress(n)
 
         cfg = self.cfg
+        self.backend.sync_weights()  # an engine with its own copy of the weights gets the latest
         with self.dist.full_weights(self.policy.model):  # each rank its share of the tasks, then gathered
             share = evaluate(self.envs, self.backend, self.policy.tokenizer, self.dist.shard(tasks), cfg.eval,
                              cfg.rollout, cfg.env.step_timeout, tick, cfg.env.success_reward)

@@ -69,6 +69,9 @@ class SelfPlayTrainer:
             raise ConfigError(f"{cfg.env.id} has no random or scripted player (asked for {sorted(fixed)}): use "
                               "multi_agent.opponent=self and multi_agent.eval_opponents=[self]")
         self.train_tasks, self.eval_tasks = self.envs.tasks("train"), self.envs.tasks("eval")
+        if cfg.rollout.backend != "hf":
+            raise ConfigError("self-play generates with rollout.backend=hf (it switches LoRA adapters per seat); "
+                              f"got rollout.backend={cfg.rollout.backend}")
         self.policy = Policy.load(cfg.model)
         if ma.policies == "per_role":
             if not cfg.model.lora.enabled:

@@ -44,8 +44,7 @@ class Trainer:
     def __init__(self, cfg: RunConfig, progress: ProgressHook | None = None):
         self.cfg = cfg
         self.algorithm = Algorithm(cfg.algorithm, max_new_tokens=cfg.rollout.max_new_tokens,
-                                   optimizer_steps_per_batch=optimizer_steps_per_batch(cfg),
-                                   off_policy=cfg.train.async_steps > 0)
+                                   optimizer_steps_per_batch=optimizer_steps_per_batch(cfg))
         self.ctx = RunContext(cfg, progress, need_reference=self.algorithm.needs_reference)
         self.policy = self.ctx.policy
         self.dist = self.ctx.dist  # data parallel: this rank's share of tasks, batch and gradient
@@ -132,13 +131,18 @@ class Trainer:
             metrics["generation_seconds"] = time.time() - t0  # async: the wait for the sampler
             if trajectories:
                 batch = self.batch(trajectories)
+                sampled = self.behaviour_logprobs(batch, trajectories)
+                # The trainer's own log-probs unless another engine (vLLM) or an older policy (async) sampled.
+                own = self.ctx.backend.same_logprobs_as_trainer and self.async_sampler is None
                 metrics.update(self.algorithm.prepare(batch, rewards, [t.step_rewards for t in trajectories], self,
-                                                      self.behaviour_logprobs(batch, trajectories)))
+                                                      sampled if own else None, None if own else sampled))
         if trajectories:
             with self.async_sampler.updating() if self.async_sampler else nullcontext():
                 metrics.update(self.update(batch))
             self.updates += 1
-            self.ctx.sync_weights()
+            t_sync = time.time()
+            self.ctx.backend.sync_weights()  # the next rollout samples from the updated policy
+            metrics["weight_sync_seconds"] = time.time() - t_sync
             self.algorithm.after_step(metrics, len(trajectories))
         else:
             metrics.update(loss=0.0, grad_norm=0.0, optimizer_steps=0.0)
@@ -175,8 +179,9 @@ class Trainer:
             rounds += 1
             trajectories = rollout(self.next_tasks(self.tasks_per_step - len(kept) // g), self.sampling, g)
             sampled += trajectories
-            rewards = algo.shaped_rewards(torch.tensor([t.reward for t in trajectories]),
-                                          torch.tensor([t.num_sampled_tokens for t in trajectories]))
+            device = self.policy.device
+            rewards = algo.shaped_rewards(torch.tensor([t.reward for t in trajectories], device=device),
+                                          torch.tensor([t.num_sampled_tokens for t in trajectories], device=device))
             flat = algo.flat_groups(rewards)
             flat_count += int(flat.sum())
             for k in range(len(trajectories) // g):
@@ -188,7 +193,7 @@ class Trainer:
         if self.store is not None:  # policy version: optimiser steps taken by the sampling policy
             self.store.append(everyone, self.run_id, policy_version=self.scheduler.last_epoch)
         info = {"sampling_rounds": float(rounds), "zero_variance_groups": flat_count / (len(sampled) // g)}
-        rewards = torch.cat(kept_rewards) if kept_rewards else torch.zeros(0)
+        rewards = torch.cat(kept_rewards) if kept_rewards else torch.zeros(0, device=self.policy.device)
         raise_if_all_failed(everyone, f"training step {self.step + 1}")  # nothing to learn from: stop, say why
         return kept, rewards, {**info, **rollout_metrics(everyone)}
 
@@ -202,8 +207,8 @@ class Trainer:
         """Padded tensors of the trajectories. A trajectory cut short by an environment failure says
         nothing about the policy's answer: it counts in its group's statistics (as reward 0) but its
         tokens are not trained on."""
-        batch = Batch.from_trajectories(trajectories, self.policy.pad_id)
-        failed = torch.tensor([t.error is not None for t in trajectories])
+        batch = Batch.from_trajectories(trajectories, self.policy.pad_id, self.policy.device)
+        failed = torch.tensor([t.error is not None for t in trajectories], device=batch.device)
         batch.loss_mask = batch.loss_mask * (~failed).unsqueeze(-1)
         return batch
 
@@ -217,11 +222,11 @@ class Trainer:
         """
         if self.sampling.temperature != 1.0 or self.sampling.top_p < 1.0:
             return None
-        out = torch.zeros_like(batch.loss_mask)
+        out = torch.zeros(batch.loss_mask.shape)  # filled on the host, moved once
         for i, t in enumerate(trajectories):
             start = len(t.prompt_ids)
             out[i, start : start + len(t.behaviour_logprobs)] = torch.tensor(t.behaviour_logprobs)
-        return out * batch.loss_mask
+        return out.to(batch.device) * batch.loss_mask
 
     # ----------------------------------------------------------------- no-gradient passes (BatchScorer)
 
@@ -342,7 +347,7 @@ class Trainer:
         n = self.cfg.sft.batch_size
         demos = [self.demonstrations[(self._next_demo + i) % len(self.demonstrations)] for i in range(n)]
         self._next_demo = (self._next_demo + n) % len(self.demonstrations)
-        batch = Batch.from_trajectories(demos, self.policy.pad_id)
+        batch = Batch.from_trajectories(demos, self.policy.pad_id, self.policy.device)
         lp, _ = self.policy.logprobs(batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths)
         nll = sft_loss(lp, batch.loss_mask)
         (self.cfg.sft.weight / self.dist.world * nll).backward()  # data parallel: summed over ranks
