@@ -1,4 +1,4 @@
-"""Command line: ``posttrain train|eval|collect|dpo|sft|envs|config|sandbox``.
+"""Command line: ``posttrain train|eval|collect|dpo|sft|rm|prm|envs|config|sandbox``.
 
 User mistakes (a bad config, a missing file, an unknown environment or model) print one line
 naming what is wrong and exit with code 2, without a traceback.
@@ -99,20 +99,32 @@ def train(
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
     overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
 ) -> None:
-    """Train a policy with online RL, evaluating on the held-out split before and after."""
+    """Train a policy with online RL, evaluating on the held-out split before and after (a multi-agent
+    env trains with the self-play trainer, see the multi_agent section)."""
     with _user_errors():
         cfg = load_config(config, overrides)
-        from posttrain.train import Trainer
+        from posttrain.envs import env_is_multi_agent
         from posttrain.train.run_dir import open_run_dir
 
+        if env_is_multi_agent(cfg.env.id, cfg.env.kwargs):
+            from posttrain.train.selfplay import SelfPlayTrainer as trainer_class
+            reward_key = "reward"
+        else:
+            from posttrain.train import Trainer as trainer_class
+            reward_key = "reward_mean"
         # Under torchrun rank 0 alone holds and writes the run directory.
         run_dir = open_run_dir(cfg.output_dir, overwrite=overwrite) if _is_rank_zero() else nullcontext()
         with run_dir, _progress() as progress:
-            hook = _progress_hook(progress, lambda info: f"reward {info['reward_mean']:.2f}  "
+            hook = _progress_hook(progress, lambda info: f"reward {info[reward_key]:.2f}  "
                                                          f"{info['step_seconds']:.1f}s/step")
-            result = Trainer(cfg, progress=hook).train()
-    if _is_rank_zero():
-        _print_result(f"posttrain: {cfg.model.name} on {cfg.env.id}", result)
+            result = trainer_class(cfg, progress=hook).train()
+    title = f"posttrain: {cfg.model.name} on {cfg.env.id}"
+    if not _is_rank_zero():
+        return
+    if reward_key == "reward":
+        _print_games_result(title, result)
+    else:
+        _print_result(title, result)
 
 
 def _progress_hook(progress, train_text):
@@ -142,6 +154,21 @@ def _print_result(title: str, result) -> None:
     for name, r in (("before", result.before), ("after", result.after)):
         if r is not None:
             table.add_row(name, f"{r.accuracy:.1%}", f"{r.reward_mean:.3f}")
+    Console().print(table)
+    Console().print(f"run directory: {result.run_dir}")
+
+
+def _print_games_result(title: str, result) -> None:
+    """Held-out games against each evaluation opponent before and after a multi-agent run."""
+    table = Table(title=f"{title}, {result.steps} steps in {result.seconds / 60:.1f} min")
+    for column in ("held-out", "opponent", "win", "draw", "loss", "payoff", "invalid moves"):
+        table.add_column(column, justify="left" if column in ("held-out", "opponent") else "right")
+    for name, metrics in (("before", result.before), ("after", result.after)):
+        for opponent in sorted({k.split("/")[0] for k in metrics or {}}):
+            m = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(opponent + "/")}
+            rate = lambda key: f"{m[key]:.0%}" if key in m else "-"  # noqa: E731
+            table.add_row(name, opponent, rate("win"), rate("draw"), rate("loss"), f"{m['payoff']:.3f}",
+                          f"{m['invalid_rate']:.0%}")
     Console().print(table)
     Console().print(f"run directory: {result.run_dir}")
 
@@ -265,6 +292,50 @@ def config_reference() -> None:
     from posttrain.config import reference_markdown
 
     sys.stdout.write(reference_markdown() + "\n")
+
+
+rm_app = typer.Typer(no_args_is_help=True, help="Outcome reward models (Bradley-Terry on preference pairs).")
+app.add_typer(rm_app, name="rm")
+prm_app = typer.Typer(no_args_is_help=True, help="Process reward models (step labels from Monte Carlo rollouts).")
+app.add_typer(prm_app, name="prm")
+
+
+@rm_app.command("train")
+def rm_train(
+    config: str = typer.Argument(..., help="YAML run config; its reward_model section says what to train on."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Train a Bradley-Terry reward model on a trajectory store's pairs; report held-out pairwise accuracy."""
+    with _user_errors():
+        cfg = load_config(config, overrides)
+        from posttrain.rewards.rm_train import train_reward_model
+
+        with _progress() as progress:
+            hook = _progress_hook(progress, lambda info: f"loss {info['loss']:.3f}  acc {info['accuracy']:.2f}")
+            result = train_reward_model(cfg, progress=hook)
+    Console().print(f"reward model: {result.train_pairs} training pairs, held-out pairwise accuracy "
+                    f"{result.accuracy_before:.1%} -> {result.accuracy_after:.1%} on {result.eval_pairs} pairs "
+                    f"({result.seconds / 60:.1f} min); saved to {result.output}")
+
+
+@prm_app.command("train")
+def prm_train(
+    config: str = typer.Argument(..., help="YAML run config; its prm section says how to label and train."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Label sampled solutions step by step, train a process reward model, report held-out step AUC."""
+    with _user_errors():
+        cfg = load_config(config, overrides)
+        from posttrain.rewards.prm_train import train_prm
+
+        with _progress() as progress:
+            hook = _progress_hook(progress, lambda info: f"loss {info['loss']:.3f}")
+            progress.console.print("sampling and labelling solutions (no progress bar until training starts)")
+            result = train_prm(cfg, progress=hook)
+    Console().print(f"process reward model: {result.train_solutions} solutions, {result.train_steps} labelled steps "
+                    f"({result.train_success:.1%} solved); held-out step AUC {result.auc_before:.3f} -> "
+                    f"{result.auc_after:.3f} on {result.eval_steps} steps (labels' own AUC {result.label_auc:.3f}); "
+                    f"{result.seconds / 60:.1f} min; saved to {result.output}")
 
 
 sandbox_app = typer.Typer(no_args_is_help=True, help="Run untrusted Python in the sandbox.")

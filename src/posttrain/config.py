@@ -208,9 +208,11 @@ class AlgorithmSection(_Section):
     gae_level: Literal["token", "turn"] = Field(
         "token", description="PPO: GAE over tokens, or over agent turns (each turn's tokens share its advantage)."
     )
-    credit: Literal["trajectory", "turn"] = Field(
+    credit: Literal["trajectory", "turn", "step"] = Field(
         "trajectory", description="Group estimators (grpo, dr_grpo, dapo, gspo) in multi-turn episodes: one "
-        "advantage per trajectory, or per turn from the discounted return (gamma) of its own and later step rewards."
+        "advantage per trajectory, or per turn from the discounted return (gamma) of its own and later step rewards; "
+        "step: GRPO with process supervision (Shao et al. 2024, section 4.1.3) from a dense process reward "
+        "(reward.components: prm), the group-normalised step rewards still to come plus the outcome advantage."
     )
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount per step: PPO's GAE step (token or turn), or "
                          "per turn with credit=turn.")
@@ -236,8 +238,8 @@ class AlgorithmSection(_Section):
                              "the loss")
         if self.name == "gspo" and self.beta > 0:
             raise ValueError("algorithm gspo has no KL term in its loss: set algorithm.beta=0")
-        if self.credit == "turn" and self.name not in ("grpo", "dr_grpo", "dapo", "gspo"):
-            raise ValueError(f"algorithm.credit=turn is for grpo, dr_grpo, dapo and gspo; {self.name} "
+        if self.credit != "trajectory" and self.name not in ("grpo", "dr_grpo", "dapo", "gspo"):
+            raise ValueError(f"algorithm.credit={self.credit} is for grpo, dr_grpo, dapo and gspo; {self.name} "
                              + ("assigns credit per turn with gae_level=turn" if self.name == "ppo" else
                                 "assigns credit per trajectory"))
         if self.gae_level == "turn" and self.kl_in_reward and self.beta > 0:
@@ -421,6 +423,82 @@ class SftSection(_Section):
                             "SFT loss.")
 
 
+class RewardComponentConfig(_Section):
+    name: str = Field(
+        ..., description="A built-in reward: correctness (the environment's return), format (1 when the last turn "
+        "matches kwargs.pattern), tool_calls (share of tool calls that parsed and ran), length (-1 x the share of "
+        "kwargs.max_tokens used past kwargs.free_tokens), reward_model (a Bradley-Terry model from `posttrain rm "
+        "train`, kwargs.path), prm (a process reward model from `posttrain prm train`, kwargs.path, kwargs.dense), "
+        "judge / group_judge (a local LLM grading with kwargs.rubric); or 'package.module:function', called as "
+        "function(trajectory, **kwargs) -> float.",
+    )
+    weight: float = Field(1.0, description="Multiplies the component's score in the summed reward.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the component (see the "
+                                   "README's rewards section).")
+
+
+class StepScorerConfig(_Section):
+    name: str = Field(
+        ..., description="A rule scoring each agent turn, added to that turn's step reward (so it reaches per-turn "
+        "credit): tool_call (+1 for a call that parsed and ran, -1 for a malformed one), or "
+        "'package.module:function', called as function(trajectory, index, step, **kwargs) -> float.",
+    )
+    weight: float = Field(1.0, description="Multiplies the scorer's value.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the scorer.")
+
+
+class RewardSection(_Section):
+    components: list[RewardComponentConfig] = Field(
+        default_factory=lambda: [RewardComponentConfig(name="correctness")],
+        description="Named reward functions whose weighted sum is each trajectory's reward; each is logged as "
+        "reward/<name>. A component that raises scores 0 for that trajectory (counted in reward/<name>_errors).",
+    )
+    step_scorers: list[StepScorerConfig] = Field(
+        default_factory=list, description="Rule-based process rewards added to each turn's step reward."
+    )
+
+
+class RewardModelSection(_Section):
+    model: str = Field("", description="Backbone of the reward model (AutoModelForSequenceClassification with a "
+                       "fresh scalar head); empty uses model.name. It must share the policy's tokenizer.")
+    store: str = Field("", description="Trajectory store whose preference pairs (offline.min_reward_gap, "
+                       "offline.max_pairs_per_task) train the model.")
+    eval_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="Share of the store's tasks held out to measure "
+                                 "pairwise accuracy (split by task id, so no held-out prompt is trained on).")
+    epochs: int = Field(2, ge=1, description="Passes over the training pairs.")
+    batch_size: int = Field(8, gt=0, description="Pairs per optimiser step.")
+    learning_rate: float = Field(1e-5, gt=0.0, description="AdamW learning rate.")
+    center_coefficient: float = Field(0.0, ge=0.0, description="Weight of the mean squared summed reward of a pair "
+                                      "(Eisenstein et al. 2023), which keeps scores centred on 0; TRL's "
+                                      "center_rewards_coefficient.")
+    max_length: int = Field(1024, gt=0, description="Sequences longer than this are cut to their last tokens.")
+    output: str = Field("", description="Where the trained model is saved; empty means <output_dir>/reward_model.")
+
+
+class PRMSection(_Section):
+    model: str = Field("", description="Backbone of the process reward model (a scalar head on every token, read "
+                       "at step ends); empty uses model.name. It must share the policy's tokenizer.")
+    labels: Literal["mc", "env"] = Field(
+        "mc", description="mc: Monte Carlo estimates (Math-Shepherd, Wang et al. 2024): the share of "
+        "prm.rollouts continuations from each step prefix that reach a right answer; env: the environment's own "
+        "step marks (info['step_correct'])."
+    )
+    label_type: Literal["soft", "hard"] = Field(
+        "soft", description="soft: the Monte Carlo share as a probability target; hard: 1 when any continuation "
+        "succeeds, else 0 (Math-Shepherd's HE)."
+    )
+    tasks: int = Field(64, gt=0, description="Training tasks whose solutions are sampled and labelled.")
+    eval_tasks: int = Field(32, gt=0, description="Held-out tasks whose solutions measure step ranking (AUC).")
+    solutions: int = Field(4, gt=0, description="Solutions sampled per task with the policy (rollout.temperature).")
+    rollouts: int = Field(4, gt=0, description="N: continuations sampled from each step prefix for its Monte "
+                          "Carlo label.")
+    step_delimiter: str = Field("\n", description="Text that ends a step; a step ends at the token containing it.")
+    epochs: int = Field(3, ge=1, description="Passes over the labelled solutions.")
+    batch_size: int = Field(8, gt=0, description="Solutions per optimiser step.")
+    learning_rate: float = Field(2e-5, gt=0.0, description="AdamW learning rate.")
+    output: str = Field("", description="Where the trained model is saved; empty means <output_dir>/prm.")
+
+
 class MultiAgentSection(_Section):
     """Training in a multi-agent env (``posttrain envs`` marks them); used only when env.id is one."""
 
@@ -449,9 +527,9 @@ class MultiAgentSection(_Section):
     )
     eval_opponents: list[Literal["self", "random", "scripted"]] = Field(
         default_factory=lambda: ["random", "scripted"], description="Fixed opponents the policy is evaluated "
-        "against, in every role (self: the policy in every seat, e.g. for cooperative envs)."
+        "against, in every role, on eval.num_tasks held-out seeds each (self: the policy in every seat, e.g. for "
+        "cooperative envs)."
     )
-    eval_games: int = Field(20, gt=0, description="Held-out games per role and evaluation opponent.")
 
 
 class RaySection(_Section):
@@ -474,6 +552,10 @@ class RunConfig(_Section):
     store: StoreSection = Field(default_factory=StoreSection, description="Trajectory store.")
     offline: OfflineSection = Field(default_factory=OfflineSection, description="Offline training (dpo, sft).")
     sft: SftSection = Field(default_factory=SftSection, description="Demonstrations for SFT.")
+    reward: RewardSection = Field(default_factory=RewardSection, description="How trajectories are rewarded.")
+    reward_model: RewardModelSection = Field(default_factory=RewardModelSection, description="`posttrain rm train`: "
+                                             "a Bradley-Terry outcome reward model.")
+    prm: PRMSection = Field(default_factory=PRMSection, description="`posttrain prm train`: a process reward model.")
     multi_agent: MultiAgentSection = Field(default_factory=MultiAgentSection,
                                            description="Self-play and multi-agent training.")
     ray: RaySection = Field(default_factory=RaySection, description="Ray, for env and rollout workers.")
@@ -487,6 +569,16 @@ class RunConfig(_Section):
                 f"algorithm.overlong_buffer ({self.algorithm.overlong_buffer}) must not exceed "
                 f"rollout.max_new_tokens ({self.rollout.max_new_tokens})"
             )
+        dense = any(c.name == "prm" and c.kwargs.get("dense", True) for c in self.reward.components)
+        algo = self.algorithm
+        takes_dense = algo.credit == "step" or (algo.name == "ppo" and algo.gae_level == "token")
+        if dense and not takes_dense:
+            raise ValueError("a dense prm reward needs algorithm.credit=step (group estimators) or algorithm.name=ppo "
+                             "with gae_level=token; or set its kwargs.dense=false to score trajectories by their "
+                             "weakest step")
+        if self.algorithm.credit == "step" and not dense:
+            raise ValueError("algorithm.credit=step assigns dense process rewards: add {name: prm, kwargs: "
+                             "{path: ...}} to reward.components")
         if self.sft.weight > 0 and not self.sft.demonstrations:
             raise ValueError("sft.weight > 0 mixes an SFT loss into training: set sft.demonstrations to a JSONL file")
         r = self.rollout
@@ -601,6 +693,8 @@ def field_reference(model: type[BaseModel] = RunConfig, prefix: str = "") -> lis
             rows.extend(field_reference(ann, key + "."))
         else:
             default = field.get_default(call_default_factory=True)
+            if isinstance(default, list) and default and isinstance(default[0], BaseModel):
+                default = [item.model_dump() for item in default]
             rows.append((key, repr(default), field.description or ""))
     return rows
 

@@ -173,6 +173,24 @@ class Batch:
 
 
 @dataclass
+class Rewards:
+    """What the reward stage hands to the algorithm for a batch of trajectories.
+
+    ``total[b]`` is trajectory b's reward, the weighted sum of the configured components plus its
+    step scores; ``step_rewards[b][k]`` is turn k's share of it (the environment's step reward times
+    the correctness weight, plus the step scorers'; the last turn also carries the outcome-only
+    components), so that each row sums to ``total[b]``. ``dense[b]`` lists ``(index, reward)``
+    pairs, a reward at completion token ``index`` (the end of a step) from a dense process reward,
+    kept out of ``total``. ``metrics`` has each component's mean score and error count.
+    """
+
+    total: list[float]
+    step_rewards: list[list[float]]
+    dense: list[list[tuple[int, float]]]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class AgentOutcome:
     """How one seat of a multi-agent episode ended.
 

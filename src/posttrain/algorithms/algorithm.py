@@ -29,6 +29,7 @@ from posttrain.algorithms.kl import AdaptiveKLController, FixedKLController, kl_
 from posttrain.algorithms.losses import aggregate, explained_variance, grpo_loss, gspo_loss, value_loss
 from posttrain.algorithms.normalization import RunningMeanStd, clip_advantages, normalize_rewards, whiten
 from posttrain.algorithms.off_policy import logprob_mismatch, truncated_importance_weights
+from posttrain.algorithms.process import dense_token_rewards, process_supervised_advantages
 from posttrain.config import AlgorithmSection
 from posttrain.models.logprobs import TokenOutputs
 from posttrain.types import Batch
@@ -132,7 +133,8 @@ class Algorithm:
 
     def prepare(self, batch: Batch, rewards: torch.Tensor, step_rewards: list[list[float]], scorer: BatchScorer,
                 behaviour_logprobs: torch.Tensor | None = None,
-                sampler_logprobs: torch.Tensor | None = None) -> dict[str, float]:
+                sampler_logprobs: torch.Tensor | None = None,
+                dense: list[list[tuple[int, float]]] | None = None) -> dict[str, float]:
         """Fill the batch's old/reference log-probs, old values, advantages and returns; return metrics.
 
         ``behaviour_logprobs`` are the sampler's, when they are the current policy's own (same
@@ -140,6 +142,8 @@ class Algorithm:
         ``sampler_logprobs`` are another engine's (vLLM) for the same distribution: the trainer's own
         are then computed as the old log-probs, their gap is logged (``logprob_mismatch``) and, with
         ``tis_cap`` > 0, each token's loss is weighted by truncated importance sampling.
+        ``dense`` holds each row's process rewards as ``(completion token index, reward)`` pairs
+        (:class:`~posttrain.types.Rewards`), for ``credit == "step"`` and PPO's token-level GAE.
         """
         metrics: dict[str, float] = {}
         if self.needs_old_logprobs() or sampler_logprobs is not None:
@@ -159,14 +163,17 @@ class Algorithm:
             metrics["kl"] = float((kl * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1))
         if self.needs_critic:
             batch.old_values = scorer.values(batch)
+        steps = (dense_token_rewards(dense, batch.prompt_lengths, batch.loss_mask.shape, batch.loss_mask.device)
+                 if dense and any(dense) else None)
         batch.advantages, batch.returns = self.advantages(
             rewards, batch.loss_mask, logprobs=batch.old_logprobs, ref_logprobs=batch.ref_logprobs,
-            values=batch.old_values, step_rewards=step_rewards)
+            values=batch.old_values, step_rewards=step_rewards, dense=steps)
         return metrics
 
     def advantages(self, rewards: torch.Tensor, mask: torch.Tensor, *, logprobs: torch.Tensor | None = None,
                    ref_logprobs: torch.Tensor | None = None, values: torch.Tensor | None = None,
-                   step_rewards: list[list[float]] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   step_rewards: list[list[float]] | None = None,
+                   dense: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``[B, T]`` advantages (and value targets, for PPO) for (shaped) outcome ``rewards`` ``[B]``.
 
         Group estimators give one advantage per trajectory, spread over its sampled tokens, or with
@@ -174,7 +181,9 @@ class Algorithm:
         outcome on the last sampled token and, with ``kl_in_reward``, subtract beta * KL on every
         token; REINFORCE++ whitens the returns over the batch, PPO runs GAE against the critic's
         ``values``, over tokens or (``gae_level == "turn"``) over agent turns, where
-        ``step_rewards[b][k]`` is the env's reward after turn k of row b.
+        ``step_rewards[b][k]`` is the env's reward after turn k of row b. ``dense`` is ``([B, T]``
+        step rewards at their tokens, ``[B, T]`` step-end mask) from a dense process reward: PPO
+        adds them to its token rewards, ``credit == "step"`` runs GRPO with process supervision.
         """
         cfg = self.cfg
         returns = None
@@ -185,9 +194,14 @@ class Algorithm:
             adv, returns = turn_level_gae(turn_rewards(rewards, mask, step_rewards), values, mask, cfg.gamma, cfg.lam)
         elif cfg.name == "ppo":
             token_rewards = outcome_token_rewards(rewards, mask)
+            if dense is not None:
+                token_rewards = token_rewards + dense[0] * mask
             if kl_beta > 0:
                 token_rewards = token_rewards - kl_beta * kl_estimate(logprobs, ref_logprobs, cfg.kl_estimator) * mask
             adv, returns = gae(token_rewards, values, mask, cfg.gamma, cfg.lam)
+        elif cfg.credit == "step":
+            step_r, ends = dense if dense is not None else (torch.zeros_like(mask), torch.zeros_like(mask).bool())
+            adv = process_supervised_advantages(rewards, step_r, ends, mask, cfg.group_size, scale=cfg.scale_rewards)
         elif cfg.credit == "turn":
             ids = turn_ids(mask)
             num_turns = ids.max(dim=1).values + 1

@@ -18,7 +18,7 @@ import random
 from typing import Any
 
 from posttrain.envs.base import TextEnv
-from posttrain.rewards.verifiable import exact_number_score
+from posttrain.rewards.verifiable import math_answer_score
 from posttrain.types import Task
 
 _WORD_TEMPLATES = {
@@ -138,4 +138,4 @@ class ArithmeticEnv(TextEnv):
                     metadata={"expression": expr})
 
     def score(self, task: Task, action: str) -> tuple[float, dict[str, Any]]:
-        return exact_number_score(action, task.answer)
+        return math_answer_score(action, task.answer)

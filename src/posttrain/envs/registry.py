@@ -58,6 +58,17 @@ def is_multi_agent(env: Any) -> bool:
     return isinstance(env, (AECEnv, ParallelEnv))
 
 
+def env_is_multi_agent(env_id: str, kwargs: dict[str, Any] | None = None) -> bool:
+    """Whether ``env_id`` names a multi-agent env: from its registration, or by building it."""
+    if env_id in _REGISTRY:
+        return _REGISTRY[env_id].multi_agent
+    env = make_env(env_id, kwargs)
+    try:
+        return is_multi_agent(env)
+    finally:
+        env.close()
+
+
 def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env | AECEnv | ParallelEnv:
     """Build the environment named by a registered id, a 'package.module:ClassName' path or a
     gymnasium id: a gymnasium.Env checked to be a text environment (see
@@ -95,6 +106,12 @@ register(
     "tool_math",
     "posttrain.envs.tool_math:ToolMathEnv",
     "Multi-digit arithmetic solved over several turns with a calculator tool (ReAct or JSON calls)",
+)
+register(
+    "chain_arithmetic",
+    "posttrain.envs.chain_arithmetic:ChainArithmeticEnv",
+    "Sums of several terms solved one operation per line (the steps process rewards score); reward 1 for the "
+    "right answer, each line marked right or wrong in info['step_correct']",
 )
 register(
     "sql_qa",

@@ -26,7 +26,7 @@ from posttrain.rollout import HFBackend, SamplingParams, run_episodes
 from posttrain.types import Task, Trajectory
 
 SampleFn = Callable[[Callable[[list[Task], SamplingParams, int], list[Trajectory]]], tuple]
-"""``Trainer.sample`` with the rollout function to use: returns (trajectories, rewards, metrics)."""
+"""Samples one step's batch with the rollout function given: returns (trajectories, rewards, metrics, ...)."""
 
 
 class AsyncSampler:
@@ -50,16 +50,17 @@ class AsyncSampler:
 
     # ------------------------------------------------------------------ the trainer's side
 
-    def next(self) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
-        """The next step's batch (waits for it), with its staleness in the metrics."""
+    def next(self) -> tuple:
+        """The next step's batch as the sample function returned it (waits for it), with its staleness
+        added to the metrics (the third item)."""
         item = self._ready.get()
         if isinstance(item, BaseException):
             raise item
-        trajectories, rewards, metrics = item
+        trajectories, metrics = item[0], item[2]
         staleness = [self.version - t.policy_version for t in trajectories] or [0]
         metrics["staleness_mean"] = sum(staleness) / len(staleness)
         metrics["staleness_max"] = float(max(staleness))
-        return trajectories, rewards, metrics
+        return item
 
     def pending(self) -> int:
         """Finished batches waiting for the trainer."""

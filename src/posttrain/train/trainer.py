@@ -24,13 +24,14 @@ from posttrain.data.store import TrajectoryStore
 from posttrain.envs.contract import step_metrics
 from posttrain.eval import EvalResult
 from posttrain.models.value import Critic
+from posttrain.rewards.composition import RewardComposer
 from posttrain.rollout.episodes import raise_if_all_failed
 from posttrain.train.async_rollout import AsyncSampler
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
 from posttrain.train.optimizer import adamw, lr_schedule
 from posttrain.train.stopping import RunGuard
 from posttrain.train.stats import RunningStats
-from posttrain.types import Batch, Task, Trajectory
+from posttrain.types import Batch, Rewards, Task, Trajectory
 
 
 def optimizer_steps_per_batch(cfg: RunConfig) -> int:
@@ -61,6 +62,9 @@ class Trainer:
                                      cfg.train.steps * optimizer_steps_per_batch(cfg), cfg.train.lr_schedule,
                                      cfg.train.min_lr_ratio)
         self.sampling = self.ctx.sampling()
+        # The reward hook: trajectories -> composed rewards, step rewards, dense process rewards, metrics.
+        self.reward = RewardComposer(cfg.reward)
+        self.scored = Rewards(total=[], step_rewards=[], dense=[])  # of the batch sample() last returned
         self._task_rng = random.Random(cfg.seed)
         self._task_order: list[int] = []
         self.step = 0
@@ -87,7 +91,7 @@ class Trainer:
                 if before is not None:
                     before.raise_if_all_failed("before training")
                 if cfg.train.async_steps:
-                    self.async_sampler = AsyncSampler(ctx, self.sample, cfg.train.steps - self.step,
+                    self.async_sampler = AsyncSampler(ctx, self._sample_with_scores, cfg.train.steps - self.step,
                                                       cfg.train.async_steps)
                 while self.step < cfg.train.steps:
                     guard.check()
@@ -127,15 +131,16 @@ class Trainer:
         """One step: sample groups, score them, let the algorithm prepare the batch, update, report."""
         t0 = time.time()
         with self.dist.full_weights(self.policy.model):  # FSDP: generation and scoring on gathered weights
-            trajectories, rewards, metrics = self.async_sampler.next() if self.async_sampler else self.sample()
+            trajectories, rewards, metrics = self._next_batch()
             metrics["generation_seconds"] = time.time() - t0  # async: the wait for the sampler
             if trajectories:
                 batch = self.batch(trajectories)
                 sampled = self.behaviour_logprobs(batch, trajectories)
                 # The trainer's own log-probs unless another engine (vLLM) or an older policy (async) sampled.
                 own = self.ctx.backend.same_logprobs_as_trainer and self.async_sampler is None
-                metrics.update(self.algorithm.prepare(batch, rewards, [t.step_rewards for t in trajectories], self,
-                                                      sampled if own else None, None if own else sampled))
+                metrics.update(self.algorithm.prepare(batch, rewards, self.scored.step_rewards, self,
+                                                      sampled if own else None, None if own else sampled,
+                                                      dense=self.scored.dense))
         if trajectories:
             with self.async_sampler.updating() if self.async_sampler else nullcontext():
                 metrics.update(self.update(batch))
@@ -165,37 +170,60 @@ class Trainer:
         return picked
 
     def sample(self, rollout=None) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
-        """Roll out tasks_per_step groups and score them; when the algorithm drops groups without
-        signal (DAPO's dynamic sampling), sample more tasks until the batch is full or the rounds run out.
+        """Roll out tasks_per_step groups and score them with the reward hook (``reward`` config); when
+        the algorithm drops groups without signal (DAPO's dynamic sampling), sample more tasks until the
+        batch is full or the rounds run out. Returns the kept trajectories, their shaped rewards and the
+        metrics; ``self.scored`` keeps the kept trajectories' step and dense rewards.
         ``rollout(tasks, params, n)`` samples (the asynchronous sampler passes its own)."""
         cfg, algo = self.cfg, self.algorithm
         rollout = rollout or self._rollout
         g = cfg.algorithm.group_size
         kept: list[Trajectory] = []
         kept_rewards: list[torch.Tensor] = []
+        kept_scored = Rewards(total=[], step_rewards=[], dense=[])
+        reward_stats = RunningStats()
         sampled: list[Trajectory] = []
         flat_count = rounds = 0
         while len(kept) < self.tasks_per_step * g and rounds < algo.max_sampling_rounds:
             rounds += 1
             trajectories = rollout(self.next_tasks(self.tasks_per_step - len(kept) // g), self.sampling, g)
             sampled += trajectories
+            scored = self.reward(trajectories, g)
+            for key, value in scored.metrics.items():
+                reward_stats.add(key, value, len(trajectories))
             device = self.policy.device
-            rewards = algo.shaped_rewards(torch.tensor([t.reward for t in trajectories], device=device),
+            rewards = algo.shaped_rewards(torch.tensor(scored.total, device=device),
                                           torch.tensor([t.num_sampled_tokens for t in trajectories], device=device))
             flat = algo.flat_groups(rewards)
             flat_count += int(flat.sum())
             for k in range(len(trajectories) // g):
                 if algo.drops_flat_groups and flat[k]:
                     continue
-                kept += trajectories[k * g : (k + 1) * g]
-                kept_rewards.append(rewards[k * g : (k + 1) * g])
+                group = slice(k * g, (k + 1) * g)
+                kept += trajectories[group]
+                kept_rewards.append(rewards[group])
+                kept_scored.total += scored.total[group]
+                kept_scored.step_rewards += scored.step_rewards[group]
+                kept_scored.dense += scored.dense[group]
         everyone = [t for part in self.dist.gather(sampled) for t in part]  # data parallel: all ranks' samples
         if self.store is not None:  # policy version: optimiser steps taken by the sampling policy
             self.store.append(everyone, self.run_id, policy_version=self.scheduler.last_epoch)
         info = {"sampling_rounds": float(rounds), "zero_variance_groups": flat_count / (len(sampled) // g)}
         rewards = torch.cat(kept_rewards) if kept_rewards else torch.zeros(0, device=self.policy.device)
         raise_if_all_failed(everyone, f"training step {self.step + 1}")  # nothing to learn from: stop, say why
-        return kept, rewards, {**info, **rollout_metrics(everyone)}
+        self.scored = kept_scored
+        return kept, rewards, {**info, **rollout_metrics(everyone), **reward_stats.result()}
+
+    def _sample_with_scores(self, rollout):
+        """``sample(rollout)`` and its ``self.scored``, as one item for the asynchronous sampler's queue."""
+        return (*self.sample(rollout), self.scored)
+
+    def _next_batch(self) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
+        """This step's batch: sampled now, or (train.async_steps) the background sampler's next one."""
+        if self.async_sampler is None:
+            return self.sample()
+        trajectories, rewards, metrics, self.scored = self.async_sampler.next()
+        return trajectories, rewards, metrics
 
     def _rollout(self, tasks: list[Task], params, n: int) -> list[Trajectory]:
         trajectories = self.ctx.rollout(tasks, params, n)
