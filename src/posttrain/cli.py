@@ -7,8 +7,9 @@ naming what is wrong and exit with code 2, without a traceback.
 from __future__ import annotations
 
 import json
+import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Optional
 
@@ -47,6 +48,7 @@ def _user_errors():
     from posttrain.envs.registry import EnvError
     from posttrain.models.loading import ModelLoadError
     from posttrain.rollout.episodes import EpisodesFailed
+    from posttrain.rollout.ray_runtime import RayUnavailable
     from posttrain.sandbox import SandboxUnavailable
     from posttrain.train.checkpoint import CheckpointError
     from posttrain.train.run_dir import RunDirError
@@ -56,7 +58,7 @@ def _user_errors():
     try:
         yield
     except (ConfigError, EnvError, ModelLoadError, SandboxUnavailable, DataError, RunDirError, CheckpointError,
-            EpisodesFailed) as e:
+            EpisodesFailed, RayUnavailable) as e:
         _error_line(str(e))
         raise typer.Exit(2) from None
     except TrainingStopped as e:  # a signal (saved; 128 + its number) or a failure after saving (2)
@@ -83,8 +85,13 @@ def _progress() -> Progress:
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-        console=console,
+        console=console, disable=not _is_rank_zero(),
     )
+
+
+def _is_rank_zero() -> bool:
+    """Under torchrun only rank 0 reports (every rank trains)."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 @app.command()
@@ -112,13 +119,17 @@ def train(
         else:
             from posttrain.train import Trainer as trainer_class
             reward_key = "reward_mean"
-        with open_run_dir(resume or cfg.output_dir, overwrite=overwrite, resume=resume is not None), \
-                _progress() as progress:
+        # Under torchrun rank 0 alone holds and writes the run directory.
+        run_dir = (open_run_dir(resume or cfg.output_dir, overwrite=overwrite, resume=resume is not None)
+                   if _is_rank_zero() else nullcontext())
+        with run_dir, _progress() as progress:
             hook = _progress_hook(progress, lambda info: f"reward {info[reward_key]:.2f}  "
                                                          f"{info['step_seconds']:.1f}s/step")
             result = (trainer_class(cfg, progress=hook, resume=resume) if resume is not None
                       else trainer_class(cfg, progress=hook)).train()
     title = f"posttrain: {cfg.model.name} on {cfg.env.id}"
+    if not _is_rank_zero():
+        return
     if reward_key == "reward":
         _print_games_result(title, result)
     else:
@@ -184,14 +195,14 @@ def eval_cmd(
         from posttrain.envs import EnvError
         from posttrain.train.context import RunContext
 
-        ctx = RunContext(cfg, checkpoint=checkpoint, generation_batch=cfg.eval.batch_size)
-        tasks = ctx.tasks("eval")
-        if not tasks:
-            raise EnvError(f"env {cfg.env.id!r} has no held-out tasks (its tasks('eval') is empty)")
-        with _progress() as progress:
-            bar = progress.add_task("eval", total=len(tasks), info="")
-            result = ctx.evaluate(0, tasks, lambda n: progress.advance(bar, n))
-        result.raise_if_all_failed(f"of {checkpoint or cfg.model.name}")
+        with RunContext(cfg, checkpoint=checkpoint, generation_batch=cfg.eval.batch_size) as ctx:
+            tasks = ctx.tasks("eval")
+            if not tasks:
+                raise EnvError(f"env {cfg.env.id!r} has no held-out tasks (its tasks('eval') is empty)")
+            with _progress() as progress:
+                bar = progress.add_task("eval", total=len(tasks), info="")
+                result = ctx.evaluate(0, tasks, lambda n: progress.advance(bar, n))
+            result.raise_if_all_failed(f"of {checkpoint or cfg.model.name}")
     if as_json:
         sys.stdout.write(json.dumps({"checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.id,
                                      "samples_per_task": cfg.eval.samples_per_task, **result.to_json()}) + "\n")

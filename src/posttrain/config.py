@@ -98,6 +98,11 @@ class EnvSection(_Section):
         1_000_000, ge=0, description="Envs without tasks(): held-out tasks are the reset seeds from this one on "
         "(disjoint from the training seeds; eval.num_tasks of them are used)."
     )
+    workers: int = Field(
+        0, ge=0, description="Environment workers as Ray actors (see the ray section): the env instances live in "
+        "their own processes, reset/step go over Ray with env.step_timeout, and a worker that dies or hangs is "
+        "replaced (its episode ends as an error); 0 runs the envs in the trainer's process."
+    )
     success_reward: float = Field(
         1.0, description="An episode whose env reports no verdict (info['correct'] or info['is_success']) counts "
         "as solved when its return reaches this."
@@ -214,8 +219,8 @@ class AlgorithmSection(_Section):
     lam: float = Field(0.95, ge=0.0, le=1.0, description="PPO: GAE lambda (Schulman et al. 2016).")
     tis_cap: float = Field(
         2.0, ge=0.0, description="Truncated importance sampling (Yao et al. 2025): when the sampler's logprobs "
-        "differ from the trainer's (rollout.backend: vllm), weight each token's loss by min(pi_trainer / "
-        "pi_sampler, tis_cap); 0 turns it off."
+        "differ from the trainer's (rollout.backend: vllm, or train.async_steps > 0: an older policy sampled), "
+        "weight each token's loss by min(pi_trainer / pi_sampler, tis_cap); 0 turns it off."
     )
 
     @model_validator(mode="before")
@@ -281,6 +286,11 @@ class RolloutSection(_Section):
     max_context_tokens: int = Field(
         4096, gt=0, description="An episode whose next turn would not fit in this many tokens ends as truncated."
     )
+    workers: int = Field(
+        0, ge=0, description="Rollout workers as Ray actors, each holding a generation backend (HF) with its own "
+        "copy of the policy; the trainer sends them its weights after every update and splits each generation "
+        "call between them. 0 generates in the trainer's process."
+    )
 
 
 class TrainSection(_Section):
@@ -308,6 +318,16 @@ class TrainSection(_Section):
         0, ge=0, description="Save a checkpoint every N steps (0: only at the end)."
     )
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 uses every core.")
+    async_steps: int = Field(
+        0, ge=0, description="Asynchronous rollouts: sampling for the next K steps overlaps the update, on a "
+        "snapshot of the weights at most K updates old (AReaL's bounded staleness, Fu et al. 2025); the loss is "
+        "corrected with truncated importance weights (algorithm.tis_cap). 0 is synchronous."
+    )
+    fsdp: bool = Field(
+        False, description="Under torchrun: shard the decoder layers' parameters, gradients and optimiser state "
+        "across the ranks with FSDP2 (torch.distributed.fsdp.fully_shard), for models that do not fit on one "
+        "device (embeddings and head stay replicated; generation gathers the full weights)."
+    )
 
 
 class EvalSection(_Section):
@@ -569,6 +589,16 @@ class LoggingSection(_Section):
     trackio: TrackioSection = Field(default_factory=TrackioSection, description="trackio.")
 
 
+class RaySection(_Section):
+    """Where Ray runs, for env.workers and rollout.workers (unused when both are 0)."""
+
+    address: str = Field(
+        "", description="Ray cluster to join ('auto', or 'ray://host:10001'); empty starts a local Ray for the run "
+        "and stops it when the run ends."
+    )
+    num_cpus: int = Field(2, gt=0, description="CPUs of the local Ray started when ray.address is empty.")
+
+
 class RunConfig(_Section):
     model: ModelSection = Field(default_factory=ModelSection, description="The policy.")
     env: EnvSection = Field(default_factory=EnvSection, description="The environment.")
@@ -588,6 +618,7 @@ class RunConfig(_Section):
     prm: PRMSection = Field(default_factory=PRMSection, description="`posttrain prm train`: a process reward model.")
     multi_agent: MultiAgentSection = Field(default_factory=MultiAgentSection,
                                            description="Self-play and multi-agent training.")
+    ray: RaySection = Field(default_factory=RaySection, description="Ray, for env and rollout workers.")
     output_dir: str = Field("runs/default", description="Run directory: checkpoints, metrics, logs.")
     seed: int = Field(0, description="Seed for task sampling, generation and initialisation.")
 
@@ -610,6 +641,10 @@ class RunConfig(_Section):
                              "{path: ...}} to reward.components")
         if self.sft.weight > 0 and not self.sft.demonstrations:
             raise ValueError("sft.weight > 0 mixes an SFT loss into training: set sft.demonstrations to a JSONL file")
+        r = self.rollout
+        if self.train.async_steps and (r.temperature != 1.0 or r.top_p < 1.0):
+            raise ValueError("train.async_steps > 0 corrects the loss with the sampler's log-probabilities, which "
+                             "are the policy's own only at rollout.temperature=1 and rollout.top_p=1")
         batch = self.train.tasks_per_step * self.algorithm.group_size
         mb = self.train.minibatch_size
         if mb and batch % mb:

@@ -55,6 +55,8 @@ class Trajectory:
     ``error`` is set when the episode failed for a reason other than the agent's answer
     (an environment exception, a timeout); such trajectories get zero reward and still count.
     ``error_kind`` says which failure it was (see ``posttrain.envs.contract.ErrorKind``).
+    ``policy_version`` is the number of updates the sampling weights had had (asynchronous
+    rollouts sample with weights up to ``train.async_steps`` updates older than the trainer's).
     """
 
     task: Task
@@ -68,6 +70,7 @@ class Trajectory:
     error_kind: str | None = None
     finish_reason: str = "stop"
     metadata: dict[str, Any] = field(default_factory=dict)
+    policy_version: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)

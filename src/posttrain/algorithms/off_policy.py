@@ -6,7 +6,9 @@ gradient then uses tokens drawn from pi_sampler as if drawn from pi_trainer: a s
 error. Yao et al. 2025 ("Your Efficient RL Framework Secretly Brings You Off-Policy RL Training",
 Aug 2025) correct it with truncated importance sampling (TIS): every token's policy-gradient term is
 weighted by min(pi_trainer(a) / pi_sampler(a), C), with pi_trainer the trainer's probability under
-the weights that sampled (the "old" policy) and the cap C bounding the variance.
+the weights that sampled (the "old" policy) and the cap C bounding the variance. Asynchronous
+rollouts (``train.async_steps``) use the same weights against a sampler whose weights are up to K
+updates old, pi_trainer then being the weights before this update.
 """
 
 from __future__ import annotations

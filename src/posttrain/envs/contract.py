@@ -27,17 +27,23 @@ from posttrain.types import Task
 
 Split = Literal["train", "eval"]
 
-ErrorKind = Literal["reset", "step", "timeout", "bad_observation", "bad_return", "make_env", "too_long"]
+ErrorKind = Literal["reset", "step", "timeout", "bad_observation", "bad_return", "make_env", "too_long",
+                   "worker_lost"]
 """Why an episode failed for a reason other than the agent's answer (``Trajectory.error_kind``):
 the env raised in ``reset`` or ``step``, a call took longer than ``env.step_timeout``, it returned an
 observation that is neither text nor chat messages, ``step`` did not return five values or its
 reward was not a finite number, the episode's own instance could not be built (a constructor that
-raises after the first), or an observation did not fit in the context."""
+raises after the first), an observation did not fit in the context, or the env worker process
+running it (``env.workers``) died."""
 
 
 class EnvError(ValueError):
     """The configured environment cannot be found or built, or does not follow the contract above;
     the message says what is wrong and what was expected."""
+
+
+class EnvWorkerLost(RuntimeError):
+    """The env worker (a Ray actor, ``env.workers``) running the episode's env died or was replaced."""
 
 
 class StepInfo(TypedDict, total=False):

@@ -181,3 +181,14 @@ def evaluate(
     result = summarise(trajectories, cfg.samples_per_task, cfg.pass_k)
     result.samples = [sample_row(t, tokenizer) for t in trajectories]
     return result
+
+
+def merge_results(results: list[EvalResult]) -> EvalResult:
+    """One result from disjoint shares of the held-out tasks (data-parallel ranks): their episodes
+    scored together, so every figure is as if one process had run them all."""
+    trajectories = [t for r in results for t in r.trajectories]
+    first = next((r for r in results if r.overall.num_tasks), results[0])
+    samples_per_task = max(1, first.overall.episodes // max(first.overall.num_tasks, 1))
+    merged = summarise(trajectories, samples_per_task, max(first.pass_at, default=1))
+    merged.samples = [s for r in results for s in r.samples]
+    return merged

@@ -111,11 +111,12 @@ class Policy:
                                    prompt_lengths)
         return lp
 
-    def save(self, path: str | Path) -> None:
-        """Save weights (or only the adapters, with LoRA) and the tokenizer as a loadable directory."""
+    def save(self, path: str | Path, state_dict: dict | None = None) -> None:
+        """Save weights (or only the adapters, with LoRA) and the tokenizer as a loadable directory;
+        ``state_dict`` replaces the model's own (the gathered weights of a sharded model)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path)
+        self.model.save_pretrained(path, state_dict=state_dict)
         self.tokenizer.save_pretrained(path)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from posttrain.envs.contract import EnvError, as_messages, env_tasks, observation_text, reset_episode, success
+from posttrain.envs.contract import EnvError, EnvWorkerLost, as_messages, env_tasks, observation_text, reset_episode, success
 from posttrain.rollout.backend import Generation, GenerationBackend, SamplingParams
 from posttrain.types import Step, Task, Trajectory
 
@@ -93,6 +93,9 @@ class EnvPool:
             if rng is not None and isinstance(env, gym.Env):
                 env.unwrapped.np_random.bit_generator.state = rng
         self._created = state["created"]
+
+    def close(self) -> None:
+        """Nothing to stop: the instances live in this process (see :class:`~posttrain.rollout.env_workers.RayEnvPool`)."""
 
     def tasks(self, split: str, train_seeds: int = 1000, eval_seed_start: int = 1_000_000,
               eval_seeds: int = 1000) -> list[Task]:
@@ -164,6 +167,7 @@ class _Episode:
     def fail(self, where: str, error: BaseException, kind: str | None = None) -> None:
         self.traj.error = f"{where}: {type(error).__name__}: {error}"
         self.traj.error_kind = kind or ("timeout" if isinstance(error, TimeoutError) else
+                                        "worker_lost" if isinstance(error, EnvWorkerLost) else
                                         "bad_observation" if isinstance(error, EnvError) else where)
         self.traj.reward = 0.0
         self.traj.finish_reason = "error"
@@ -254,7 +258,7 @@ def run_episodes(
         for ep, gen, text, (ok, value) in zip(live, generations, texts, steps):
             if not ok:
                 ep.fail("step", value)
-                if isinstance(value, TimeoutError):
+                if isinstance(value, (TimeoutError, EnvWorkerLost)):
                     envs.replace(ep.env)
                 continue
             _after_step(ep, gen, text, value, tokenizer, last_turn=turn == max_turns - 1, max_context=max_context)
@@ -282,7 +286,7 @@ def _reset_all(envs: EnvPool, episodes: list[_Episode], tokenizer, max_context: 
             ep.traj.prompt_ids = prompt
         except Exception as e:  # noqa: BLE001 - a failing environment is data, not a crash
             ep.fail("reset", e, kind="too_long" if isinstance(e, _TooLong) else None)
-            if isinstance(e, TimeoutError):
+            if isinstance(e, (TimeoutError, EnvWorkerLost)):
                 envs.replace(ep.env)
 
 

@@ -38,13 +38,14 @@ def checkpoint_path(run_dir: Path, step: int) -> Path:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, policy: Policy, optimizer, scheduler, extra: dict[str, Any], config_json: str = "{}"
+    run_dir: Path, step: int, policy: Policy, optimizer, scheduler, extra: dict[str, Any],
+    model_state: dict | None = None, config_json: str = "{}",
 ) -> Path:
     """Write the checkpoint of ``step`` durably; raise :class:`CheckpointError` if it cannot be."""
     final = checkpoint_path(run_dir, step)
     state = {
         "step": step,
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "scheduler": scheduler.state_dict(),
         "torch_rng": torch.get_rng_state(),
         "python_rng": random.getstate(),
@@ -52,7 +53,8 @@ def save_checkpoint(
     }
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomically(final, lambda tmp: (policy.save(tmp / "model"), torch.save(state, tmp / "trainer_state.pt"),
+        _write_atomically(final, lambda tmp: (policy.save(tmp / "model", model_state),
+                                              torch.save(state, tmp / "trainer_state.pt"),
                                               (tmp / "config.json").write_text(config_json)))
     except Exception as e:  # noqa: BLE001 - any failure to write (OSError, safetensors' own errors) is reported
         reason = f"{type(e).__name__}: {e}" if not isinstance(e, OSError) else (e.strerror or str(e))

@@ -18,9 +18,14 @@ import torch
 from posttrain.config import RunConfig
 from posttrain.envs import EnvError, make_env
 from posttrain.eval import EvalResult, evaluate
+from posttrain.eval.evaluate import merge_results
 from posttrain.models import Policy
-from posttrain.rollout import EnvPool, SamplingParams, check_backend, make_backend, run_episodes
-from posttrain.train.checkpoint import save_checkpoint
+from posttrain.rollout import EnvPool, HFBackend, SamplingParams, check_backend, make_backend, run_episodes
+from posttrain.rollout.env_workers import RayEnvPool
+from posttrain.rollout.ray_runtime import RayRuntime
+from posttrain.rollout.rollout_workers import RolloutWorkers
+from posttrain.train.checkpoint import checkpoint_path, save_checkpoint
+from posttrain.train.distributed import Distributed
 from posttrain.train.metrics import MetricsLogger, dumps_finite
 from posttrain.types import Task, Trajectory
 
@@ -57,14 +62,42 @@ class RunContext:
                  checkpoint: str | None = None, generation_batch: int | None = None):
         self.cfg = cfg
         self.progress: ProgressHook = progress or (lambda *a: None)
+        self.dist = Distributed(cfg)
+        if not self.dist.is_main:  # one progress display, from rank 0
+            self.progress = lambda *a: None
         seed_everything(cfg.seed, cfg.train.threads)
         self.run_dir = Path(cfg.output_dir)
-        self.envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs), seed=cfg.seed)
-        check_backend(cfg)  # a missing vLLM fails before the model loads
-        self.policy = Policy.load(cfg.model, need_reference=need_reference, checkpoint=checkpoint)
-        self.policy.model.eval()  # trainers switch to train mode for their updates only
-        self.backend = make_backend(cfg, self.policy, generation_batch)
         self.logger: MetricsLogger | None = None
+        self.ray = RayRuntime(cfg.ray) if cfg.env.workers or cfg.rollout.workers else None
+        self.envs = None
+        try:  # Ray's processes must not outlive a run whose setup fails
+            self.envs = self.make_envs()
+            check_backend(cfg)  # a missing vLLM fails before the model loads
+            self.policy = Policy.load(cfg.model, need_reference=need_reference, checkpoint=checkpoint)
+            self.policy.model.eval()  # trainers switch to train mode for their updates only
+            self.dist.broadcast_parameters(self.policy.model)
+            self.dist.shard_model(self.policy.model)
+            self.backend = self._make_backend(generation_batch)
+        except BaseException:
+            self.close()
+            raise
+
+    def _make_backend(self, generation_batch: int | None):
+        """rollout.workers Ray actors, or the configured engine in this process (HF: seeded per rank)."""
+        cfg, batch = self.cfg, generation_batch or self.cfg.rollout.batch_size
+        if cfg.rollout.workers:
+            return RolloutWorkers(cfg, self.policy, batch)
+        if cfg.rollout.backend == "hf":
+            pack = self.policy.pack_weights and not cfg.train.fsdp  # packing would copy the gathered weights
+            return HFBackend(self.policy.model, self.policy.tokenizer, batch, cfg.seed + self.dist.rank, pack)
+        return make_backend(cfg, self.policy, generation_batch)
+
+    def make_envs(self) -> EnvPool | RayEnvPool:
+        """A pool of env instances: in this process, or in env.workers Ray actors."""
+        env = self.cfg.env
+        if env.workers:
+            return RayEnvPool(env.id, env.kwargs, env.workers, env.step_timeout)
+        return EnvPool(lambda: make_env(env.id, env.kwargs), seed=self.cfg.seed)
 
     # ------------------------------------------------------------------ tasks and rollouts
 
@@ -97,17 +130,32 @@ class RunContext:
 
     # ------------------------------------------------------------------ the run directory
 
-    def start_run(self) -> MetricsLogger:
-        """Create the run directory, record the config, open the metrics logger."""
+    def start_run(self) -> MetricsLogger | None:
+        """Create the run directory, record the config, open the metrics logger (rank 0 only)."""
+        if not self.dist.is_main:
+            return None
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(self.cfg.model_dump_json(indent=2))
         self.logger = MetricsLogger(self.run_dir, self.cfg.logging, self.cfg.model_dump(mode="json"))
         return self.logger
 
     def close(self) -> None:
+        """Close the logger, stop env and rollout workers and a Ray this run started (safe to call twice)."""
         if self.logger is not None:
             self.logger.close()
             self.logger = None
+        for part in (self.envs, getattr(self, "backend", None)):
+            if part is not None and hasattr(part, "close"):
+                part.close()
+        if self.ray is not None:
+            self.ray.close()
+        self.dist.close()
+
+    def __enter__(self) -> "RunContext":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def log(self, split: str, step: int, metrics: dict[str, float]) -> None:
         if self.logger is not None:
@@ -136,13 +184,15 @@ class RunContext:
         generator = getattr(self.backend, "generator", None)
         saved = generator.get_state() if isinstance(generator, torch.Generator) else None
         if saved is not None:
-            generator.manual_seed(cfg.seed * 1_000_003 + step)
+            generator.manual_seed(cfg.seed * 1_000_003 + step + self.dist.rank)
         try:
-            result = evaluate(self.envs, self.backend, self.policy.tokenizer, tasks, cfg.eval, cfg.rollout,
-                              cfg.env.step_timeout, tick, cfg.env.success_reward)
+            with self.dist.full_weights(self.policy.model):  # each rank its share of the tasks, then gathered
+                share = evaluate(self.envs, self.backend, self.policy.tokenizer, self.dist.shard(tasks), cfg.eval,
+                                 cfg.rollout, cfg.env.step_timeout, tick, cfg.env.success_reward)
         finally:
             if saved is not None:
                 generator.set_state(saved)
+        result = merge_results(self.dist.gather(share))
         self.progress("eval", len(tasks), len(tasks), {"step": step, **result.metrics()})
         if self.logger is not None:
             self.logger.log("eval", step, result.metrics())
@@ -152,9 +202,14 @@ class RunContext:
         return result
 
     def save_checkpoint(self, step: int, optimizer, scheduler, extra: dict) -> Path:
+        """Rank 0 writes it; with FSDP every rank takes part in gathering the weights, and the sharded
+        optimiser state is left out (FSDP runs do not resume yet)."""
         extra = {**extra, "rng": {"backend": self.backend.generator.get_state(), "envs": self.envs.rng_states()}}
-        return save_checkpoint(self.run_dir, step, self.policy, optimizer, scheduler, extra,
-                               self.cfg.model_dump_json(indent=2))
+        full = self.dist.full_state_dict(self.policy.model)
+        if self.dist.is_main:
+            save_checkpoint(self.run_dir, step, self.policy, None if self.dist.fsdp else optimizer, scheduler, extra,
+                            full, self.cfg.model_dump_json(indent=2))
+        return checkpoint_path(self.run_dir, step)
 
     def restore_rngs(self, state: dict) -> None:
         """Python's, torch's, the backend's and every env instance's generators, as a checkpoint saved them."""
@@ -164,4 +219,5 @@ class RunContext:
         self.envs.load_rng_states(state["rng"]["envs"])
 
     def write_summary(self, summary: dict) -> None:
-        (self.run_dir / "summary.json").write_text(dumps_finite(summary, indent=2))
+        if self.dist.is_main:
+            (self.run_dir / "summary.json").write_text(dumps_finite(summary, indent=2))

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 
 from posttrain.algorithms import Algorithm, Normaliser
 from posttrain.algorithms.preference import sft_loss
-from posttrain.config import RunConfig
+from posttrain.config import ConfigError, RunConfig
 from posttrain.data.demonstrations import load_demonstrations
 from posttrain.data.store import TrajectoryStore
 from posttrain.envs.contract import step_metrics
@@ -26,6 +26,7 @@ from posttrain.eval import EvalResult
 from posttrain.models.value import Critic
 from posttrain.rewards.composition import RewardComposer
 from posttrain.rollout.episodes import raise_if_all_failed
+from posttrain.train.async_rollout import AsyncSampler
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
 from posttrain.train.curriculum import scheduled_max_turns, task_sampler
 from posttrain.train.optimizer import adamw, lr_schedule
@@ -50,20 +51,25 @@ class Trainer:
         if resume is not None:
             checkpoint = latest_checkpoint(Path(resume))
             check_resumable(checkpoint, cfg)  # before any model is loaded: a refused resume costs nothing
+            if cfg.train.async_steps or cfg.train.fsdp:
+                raise ConfigError("--resume: runs with train.async_steps or train.fsdp cannot resume exactly yet "
+                                  "(in-flight rollouts and sharded optimiser state are not checkpointed)")
             cfg = cfg.model_copy(update={"output_dir": str(resume)})
         self.cfg = cfg
         self.algorithm = Algorithm(cfg.algorithm, max_new_tokens=cfg.rollout.max_new_tokens,
                                    optimizer_steps_per_batch=optimizer_steps_per_batch(cfg))
         self.ctx = RunContext(cfg, progress, need_reference=self.algorithm.needs_reference)
         self.policy = self.ctx.policy
-        self.train_tasks = self.ctx.train_tasks()
+        self.dist = self.ctx.dist  # data parallel: this rank's share of tasks, batch and gradient
+        self.train_tasks = self.dist.shard(self.ctx.train_tasks())
+        self.tasks_per_step = cfg.train.tasks_per_step // self.dist.world
         self.eval_tasks = self.ctx.tasks("eval")
         self.critic = Critic(self.policy.model, cfg.algorithm.value_model) if self.algorithm.needs_critic else None
         groups = [{"params": self.policy.trainable_parameters()}]
         if self.critic is not None:
             groups.append({"params": list(self.critic.parameters()),
                            "lr": cfg.algorithm.value_learning_rate or cfg.train.learning_rate})
-        self.optimizer = adamw(groups, cfg.train.learning_rate, cfg.train.weight_decay)
+        self.optimizer = adamw(groups, cfg.train.learning_rate, cfg.train.weight_decay, fused=not cfg.train.fsdp)
         self.scheduler = lr_schedule(self.optimizer, cfg.train.warmup_steps,
                                      cfg.train.steps * optimizer_steps_per_batch(cfg), cfg.train.lr_schedule,
                                      cfg.train.min_lr_ratio)
@@ -72,14 +78,18 @@ class Trainer:
         self.reward = RewardComposer(cfg.reward)
         self.scored = Rewards(total=[], step_rewards=[], dense=[])  # of the batch sample() last returned
         self.tasks = task_sampler(self.train_tasks, cfg.curriculum, cfg.seed)
+        self._max_turns = cfg.rollout.max_turns  # this step's turn limit (curriculum.turns_start schedules it)
         self.step = 0
-        self.store = TrajectoryStore(cfg.store.path or self.ctx.run_dir / "trajectories") if cfg.store.write else None
+        self.store = (TrajectoryStore(cfg.store.path or self.ctx.run_dir / "trajectories")
+                      if cfg.store.write and self.dist.is_main else None)
         self.run_id = f"{self.ctx.run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
         self.run_ids = [self.run_id]  # every process of this run, resumed ones included (store rows)
         # Demonstrations whose SFT loss is mixed into every update, to keep base abilities.
         self.demonstrations = (load_demonstrations(cfg.sft.demonstrations, self.policy.tokenizer)
                                if cfg.sft.weight > 0 else [])
         self._next_demo = 0
+        self.updates = 0  # the policy version: updates made so far
+        self.async_sampler: AsyncSampler | None = None  # train.async_steps: started by train()
         self.resumed_from = checkpoint
         if checkpoint is not None:
             self.restore(checkpoint)
@@ -96,6 +106,9 @@ class Trainer:
                 before = self.evaluate() if cfg.eval.before_training and self.resumed_from is None else None
                 if before is not None:
                     before.raise_if_all_failed("before training")
+                if cfg.train.async_steps:
+                    self.async_sampler = AsyncSampler(ctx, self._sample_with_scores, cfg.train.steps - self.step,
+                                                      cfg.train.async_steps)
                 while self.step < cfg.train.steps:
                     guard.check()
                     metrics = self.train_step()  # raises EpisodesFailed before updating if every episode failed
@@ -112,6 +125,8 @@ class Trainer:
                 if not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every:
                     self.save()
             finally:
+                if self.async_sampler is not None:
+                    self.async_sampler.close()
                 ctx.close()
         result = TrainResult(ctx.run_dir, before, after, self.step, time.time() - start)
         ctx.write_summary({"steps": self.step, "seconds": result.seconds,
@@ -147,16 +162,21 @@ class Trainer:
     def train_step(self) -> dict[str, float]:
         """One step: sample groups, score them, let the algorithm prepare the batch, update, report."""
         t0 = time.time()
-        trajectories, rewards, metrics = self.sample()
-        metrics["generation_seconds"] = time.time() - t0
+        with self.dist.full_weights(self.policy.model):  # FSDP: generation and scoring on gathered weights
+            trajectories, rewards, metrics = self._next_batch()
+            metrics["generation_seconds"] = time.time() - t0  # async: the wait for the sampler
+            if trajectories:
+                batch = self.batch(trajectories)
+                sampled = self.behaviour_logprobs(batch, trajectories)
+                # The trainer's own log-probs unless another engine (vLLM) or an older policy (async) sampled.
+                own = self.ctx.backend.same_logprobs_as_trainer and self.async_sampler is None
+                metrics.update(self.algorithm.prepare(batch, rewards, self.scored.step_rewards, self,
+                                                      sampled if own else None, None if own else sampled,
+                                                      dense=self.scored.dense))
         if trajectories:
-            batch = self.batch(trajectories)
-            sampled = self.behaviour_logprobs(batch, trajectories)
-            own = self.ctx.backend.same_logprobs_as_trainer  # else an engine (vLLM) computed them its own way
-            metrics.update(self.algorithm.prepare(batch, rewards, self.scored.step_rewards, self,
-                                                  sampled if own else None, None if own else sampled,
-                                                  dense=self.scored.dense))
-            metrics.update(self.update(batch))
+            with self.async_sampler.updating() if self.async_sampler else nullcontext():
+                metrics.update(self.update(batch))
+            self.updates += 1
             t_sync = time.time()
             self.ctx.backend.sync_weights()  # the next rollout samples from the updated policy
             metrics["weight_sync_seconds"] = time.time() - t_sync
@@ -171,12 +191,14 @@ class Trainer:
 
     # ----------------------------------------------------------------- sample and score
 
-    def sample(self) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
+    def sample(self, rollout=None) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
         """Roll out tasks_per_step groups and score them with the reward hook (``reward`` config); when
         the algorithm drops groups without signal (DAPO's dynamic sampling), sample more tasks until the
         batch is full or the rounds run out. Returns the kept trajectories, their shaped rewards and the
-        metrics; ``self.scored`` keeps the kept trajectories' step and dense rewards."""
+        metrics; ``self.scored`` keeps the kept trajectories' step and dense rewards.
+        ``rollout(tasks, params, n)`` samples (the asynchronous sampler passes its own)."""
         cfg, algo = self.cfg, self.algorithm
+        rollout = rollout or self._rollout
         g = cfg.algorithm.group_size
         kept: list[Trajectory] = []
         kept_rewards: list[torch.Tensor] = []
@@ -186,17 +208,14 @@ class Trainer:
         flat_count = rounds = 0
         c = cfg.curriculum
         step = self.step + 1  # the step being sampled for (self.step counts finished ones)
-        max_turns = scheduled_max_turns(step, cfg.rollout.max_turns, c.turns_start, c.turns_increase, c.turns_every)
-        while len(kept) < cfg.train.tasks_per_step * g and rounds < algo.max_sampling_rounds:
+        # The turn-limit schedule applies to this process's rollouts (the asynchronous sampler keeps its own).
+        self._max_turns = scheduled_max_turns(step, cfg.rollout.max_turns, c.turns_start, c.turns_increase,
+                                              c.turns_every)
+        while len(kept) < self.tasks_per_step * g and rounds < algo.max_sampling_rounds:
             rounds += 1
-            trajectories = self.ctx.rollout(self.tasks.sample(cfg.train.tasks_per_step - len(kept) // g),
-                                            self.sampling, g, max_turns)
+            trajectories = rollout(self.tasks.sample(self.tasks_per_step - len(kept) // g), self.sampling, g)
             self.tasks.observe(trajectories)
             sampled += trajectories
-            if self.store is not None:  # policy version: optimiser steps taken by the sampling policy
-                for t in trajectories:
-                    t.metadata["step"] = step
-                self.store.append(trajectories, self.run_id, policy_version=self.scheduler.last_epoch)
             scored = self.reward(trajectories, g)
             for key, value in scored.metrics.items():
                 reward_stats.add(key, value, len(trajectories))
@@ -214,12 +233,34 @@ class Trainer:
                 kept_scored.total += scored.total[group]
                 kept_scored.step_rewards += scored.step_rewards[group]
                 kept_scored.dense += scored.dense[group]
+        everyone = [t for part in self.dist.gather(sampled) for t in part]  # data parallel: all ranks' samples
+        if self.store is not None:  # policy version: optimiser steps taken by the sampling policy
+            for t in everyone:
+                t.metadata["step"] = step
+            self.store.append(everyone, self.run_id, policy_version=self.scheduler.last_epoch)
         info = {"sampling_rounds": float(rounds), "zero_variance_groups": flat_count / (len(sampled) // g),
-                "max_turns": float(max_turns), **self.tasks.metrics()}
+                "max_turns": float(self._max_turns), **self.tasks.metrics()}
         rewards = torch.cat(kept_rewards) if kept_rewards else torch.zeros(0, device=self.policy.device)
-        raise_if_all_failed(sampled, f"training step {self.step + 1}")  # nothing to learn from: stop, say why
+        raise_if_all_failed(everyone, f"training step {self.step + 1}")  # nothing to learn from: stop, say why
         self.scored = kept_scored
-        return kept, rewards, {**info, **rollout_metrics(sampled), **reward_stats.result()}
+        return kept, rewards, {**info, **rollout_metrics(everyone), **reward_stats.result()}
+
+    def _sample_with_scores(self, rollout):
+        """``sample(rollout)`` and its ``self.scored``, as one item for the asynchronous sampler's queue."""
+        return (*self.sample(rollout), self.scored)
+
+    def _next_batch(self) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
+        """This step's batch: sampled now, or (train.async_steps) the background sampler's next one."""
+        if self.async_sampler is None:
+            return self.sample()
+        trajectories, rewards, metrics, self.scored = self.async_sampler.next()
+        return trajectories, rewards, metrics
+
+    def _rollout(self, tasks: list[Task], params, n: int) -> list[Trajectory]:
+        trajectories = self.ctx.rollout(tasks, params, n, self._max_turns)
+        for t in trajectories:
+            t.policy_version = self.updates
+        return trajectories
 
     def batch(self, trajectories: list[Trajectory]) -> Batch:
         """Padded tensors of the trajectories. A trajectory cut short by an environment failure says
@@ -233,9 +274,10 @@ class Trainer:
     def behaviour_logprobs(self, batch: Batch, trajectories: list[Trajectory]) -> torch.Tensor | None:
         """The sampler's log-probabilities as ``[B, T]``, when they are the policy's own.
 
-        The policy has not changed since it sampled, so when it sampled from its own distribution
-        (temperature 1, no top-p) these equal a fresh forward pass, which is then not needed; with
-        another temperature or top-p they are of another distribution, and this returns None.
+        Synchronously the policy has not changed since it sampled, so when it sampled from its own
+        distribution (temperature 1, no top-p) these equal a fresh forward pass, which is then not
+        needed; with another temperature or top-p they are of another distribution, and this returns
+        None. Asynchronously they are the behaviour policy's, for the importance weights.
         """
         if self.sampling.temperature != 1.0 or self.sampling.top_p < 1.0:
             return None
@@ -284,23 +326,27 @@ class Trainer:
         """num_iterations passes of minibatch updates over one prepared batch."""
         t0 = time.time()
         keep = self.algorithm.trained_rows(batch)
-        minibatch = self.cfg.train.minibatch_size or len(batch)
+        minibatch = self.cfg.train.minibatch_size // self.dist.world or len(batch)
         stats = RunningStats()
-        if keep.numel():
+        dist = self.dist  # data parallel: counts are summed over ranks, so every rank takes the same steps
+        if dist.sum(keep.numel()):
             active = batch.select(keep)
             # Minibatches are cut from the full batch, so each keeps its own normaliser (the
-            # sampled tokens of all its rows, skipped ones included).
+            # sampled tokens of all its rows, skipped ones included, on every rank).
             owner = keep // minibatch
             with self._training_mode():
                 for _ in range(self.cfg.algorithm.num_iterations):
-                    for mb_index in range(-(-len(batch) // minibatch)):
+                    for mb_index in range(dist.max(-(-len(batch) // minibatch))):
                         rows = (owner == mb_index).nonzero().squeeze(-1)
-                        if rows.numel() == 0:
+                        if dist.sum(rows.numel()) == 0:
                             continue
                         full = batch.loss_mask[mb_index * minibatch : (mb_index + 1) * minibatch]
-                        norm = Normaliser(tokens=float(full.sum().clamp(min=1)), sequences=float(full.shape[0]))
-                        self._minibatch_step(active.select(rows), norm, stats)
+                        norm = Normaliser(tokens=max(dist.sum(float(full.sum())), 1.0),
+                                          sequences=dist.sum(float(full.shape[0])))
+                        self._minibatch_step(active.select(rows), norm, stats, pad=batch.select(slice(0, 1)))
         out = stats.result()
+        if "loss" in out:
+            out["loss"] = dist.sum(out["loss"])  # each rank's share of the global loss
         out.setdefault("loss", 0.0)  # nothing contributed: the loss and gradient are exactly zero
         out.setdefault("grad_norm", 0.0)
         out["optimizer_steps"] = float(stats.count("grad_norm"))
@@ -317,17 +363,22 @@ class Trainer:
             outputs = outputs._replace(values=values)
         return outputs
 
-    def _minibatch_step(self, mb: Batch, norm: Normaliser, stats: RunningStats) -> None:
+    def _minibatch_step(self, mb: Batch, norm: Normaliser, stats: RunningStats, pad: Batch) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         # Micro-batches keep the batch order, so the samples of one group stay together and
         # share a single forward of their prompt.
         size = self.cfg.train.microbatch_size
         loss_total = 0.0
-        for s in range(0, len(mb), size):
-            micro = mb.select(slice(s, s + size))
+        # FSDP: every rank runs as many micro-batches (collectives in forward and backward); a rank
+        # with fewer pads with a row whose loss counts 0.
+        micro_batches = self.dist.max(-(-len(mb) // size)) if self.dist.fsdp else -(-len(mb) // size)
+        for s in range(0, micro_batches * size, size):
+            micro = mb.select(slice(s, s + size)) if s < len(mb) else pad
             outputs = self._forward(micro)
             result = self.algorithm.loss(outputs, micro, norm)
-            result.loss.backward()
+            (result.loss if s < len(mb) else 0.0 * result.loss).backward()
+            if s >= len(mb):
+                continue
             loss_total += result.loss.item()
             n = float(micro.loss_mask.sum())
             stats.add("entropy", float((outputs.entropy.detach() * micro.loss_mask).sum()) / max(n, 1.0), n)
@@ -337,6 +388,7 @@ class Trainer:
             sft = self._sft_backward()
             stats.add("sft_loss", sft)
             loss_total += self.cfg.sft.weight * sft
+        self.dist.sum_gradients([p for group in self.optimizer.param_groups for p in group["params"]])
         self._clip_gradients(stats)
         self.optimizer.step()
         self.scheduler.step()
@@ -346,10 +398,8 @@ class Trainer:
         """Clip the policy's and the critic's gradients each to train.max_grad_norm, separately: one
         norm over both would let large value-loss gradients shrink every policy step."""
         limit = self.cfg.train.max_grad_norm
-        stats.add("grad_norm", float(torch.nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], limit)))
-        if self.critic is not None:
-            critic = self.optimizer.param_groups[1]["params"]
-            stats.add("critic_grad_norm", float(torch.nn.utils.clip_grad_norm_(critic, limit)))
+        for name, group in zip(("grad_norm", "critic_grad_norm"), self.optimizer.param_groups):
+            stats.add(name, self.dist.clip_grad_norm(group["params"], limit))
 
     def _sft_backward(self) -> float:
         """Backward of sft.weight x the NLL of the next sft.batch_size demonstrations; returns the NLL."""
@@ -359,7 +409,7 @@ class Trainer:
         batch = Batch.from_trajectories(demos, self.policy.pad_id, self.policy.device)
         lp, _ = self.policy.logprobs(batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths)
         nll = sft_loss(lp, batch.loss_mask)
-        (self.cfg.sft.weight * nll).backward()
+        (self.cfg.sft.weight / self.dist.world * nll).backward()  # data parallel: summed over ranks
         return nll.item()
 
 
@@ -379,6 +429,7 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "truncated_fraction": sum(t.finish_reason == "length" for t in trajectories) / n,
         "errors": float(sum(t.error is not None for t in trajectories)),
         "env_timeouts": float(sum(t.error_kind == "timeout" for t in trajectories)),
+        "env_workers_lost": float(sum(t.error_kind == "worker_lost" for t in trajectories)),
         "turns_mean": sum(len(t.steps) for t in trajectories) / n,
     }
     for t in trajectories:
