@@ -41,13 +41,6 @@ class Score:
     def to_json(self) -> dict[str, Any]:
         return {**self.metrics(), "num_tasks": self.num_tasks, "episodes": self.episodes, "errors": self.errors}
 
-    def raise_if_all_failed(self, when: str) -> None:
-        """:class:`EpisodesFailed` when every held-out episode failed: nothing was measured."""
-        if self.samples and self.errors == len(self.samples):
-            first = next(s["error"] for s in self.samples if s["error"])
-            raise EpisodesFailed(f"every held-out episode {when} failed ({self.errors} of {len(self.samples)}): no "
-                                 f"accuracy was measured; the first: {' '.join(first.split())[:300]}")
-
     def metrics(self) -> dict[str, float]:
         return {"accuracy": self.accuracy, "reward_mean": self.reward_mean, "num_tasks": float(self.num_tasks),
                 "errors": float(self.errors), "turns_mean": self.turns_mean, "tokens_mean": self.tokens_mean,
@@ -110,6 +103,13 @@ class EvalResult:
     @property
     def pass_at(self) -> dict[int, float]:
         return self.overall.pass_at
+
+    def raise_if_all_failed(self, when: str) -> None:
+        """:class:`EpisodesFailed` when every held-out episode failed: nothing was measured."""
+        if self.samples and self.errors == len(self.samples):
+            first = next(s["error"] for s in self.samples if s["error"])
+            raise EpisodesFailed(f"every held-out episode {when} failed ({self.errors} of {len(self.samples)}): no "
+                                 f"accuracy was measured; the first: {' '.join(first.split())[:300]}")
 
     def metrics(self) -> dict[str, float]:
         """Flat metrics for metrics.jsonl and TensorBoard; levels as ``difficulty_<level>/<name>``."""
