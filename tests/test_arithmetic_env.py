@@ -59,3 +59,15 @@ def test_registry_and_errors():
         make_env("arithmetic", {"dificulty": 2})
     with pytest.raises(EnvError, match="cannot import"):
         make_env("no_such_pkg.mod:Env")
+
+
+def test_mixed_difficulty_interleaves_levels_and_labels_tasks():
+    env = ArithmeticEnv(difficulty=[1, 3, 5], num_eval=20, num_train=300)
+    held_out, train = env.tasks("eval"), env.tasks("train")
+    assert [t.metadata["difficulty"] for t in held_out[:6]] == [1, 3, 5, 1, 3, 5]
+    assert {t.metadata["difficulty"] for t in train} == {1, 3, 5} and len(train) == 900
+    assert not {t.id for t in train} & {t.id for t in held_out}
+    single = ArithmeticEnv(difficulty=3, num_eval=20, num_train=300)
+    assert [t.id for t in single.tasks("eval")] == [t.id for t in held_out if t.metadata["difficulty"] == 3]
+    with pytest.raises(ValueError, match="list of distinct levels"):
+        ArithmeticEnv(difficulty=[1, 1])

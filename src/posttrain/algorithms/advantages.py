@@ -97,10 +97,10 @@ def turn_returns(turn_rewards: torch.Tensor, num_turns: torch.Tensor, gamma: flo
     last); ``num_turns[b]`` how many turns row b has.
     """
     k = turn_rewards.shape[1]
-    valid = torch.arange(k).unsqueeze(0) < num_turns.unsqueeze(1)
+    valid = torch.arange(k, device=num_turns.device).unsqueeze(0) < num_turns.unsqueeze(1)
     rewards = turn_rewards.float() * valid
     returns = torch.zeros_like(rewards)
-    following = torch.zeros(rewards.shape[0])
+    following = torch.zeros(rewards.shape[0], device=rewards.device)
     for t in reversed(range(k)):
         following = rewards[:, t] + gamma * following
         returns[:, t] = following
@@ -129,7 +129,7 @@ def group_relative_turn_advantages(
     b, k = returns.shape
     if b % group_size:
         raise ValueError(f"returns must have a multiple of group_size={group_size} rows")
-    valid = (torch.arange(k).unsqueeze(0) < num_turns.unsqueeze(1)).float()
+    valid = (torch.arange(k, device=num_turns.device).unsqueeze(0) < num_turns.unsqueeze(1)).float()
     grouped, weights = returns.float().view(-1, group_size * k), valid.view(-1, group_size * k)
     count = weights.sum(dim=1, keepdim=True).clamp(min=1)
     mean = (grouped * weights).sum(dim=1, keepdim=True) / count

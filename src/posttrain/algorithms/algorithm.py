@@ -28,6 +28,8 @@ from posttrain.algorithms.gae import gae, outcome_token_rewards, reinforce_pp_ad
 from posttrain.algorithms.kl import AdaptiveKLController, FixedKLController, kl_estimate
 from posttrain.algorithms.losses import aggregate, explained_variance, grpo_loss, gspo_loss, value_loss
 from posttrain.algorithms.normalization import RunningMeanStd, clip_advantages, normalize_rewards, whiten
+from posttrain.algorithms.off_policy import logprob_mismatch, truncated_importance_weights
+from posttrain.algorithms.process import dense_token_rewards, process_supervised_advantages
 from posttrain.config import AlgorithmSection
 from posttrain.models.logprobs import TokenOutputs
 from posttrain.types import Batch
@@ -130,15 +132,30 @@ class Algorithm:
     # ------------------------------------------------------------------ batch preparation
 
     def prepare(self, batch: Batch, rewards: torch.Tensor, step_rewards: list[list[float]], scorer: BatchScorer,
-                behaviour_logprobs: torch.Tensor | None = None) -> dict[str, float]:
+                behaviour_logprobs: torch.Tensor | None = None,
+                sampler_logprobs: torch.Tensor | None = None,
+                dense: list[list[tuple[int, float]]] | None = None) -> dict[str, float]:
         """Fill the batch's old/reference log-probs, old values, advantages and returns; return metrics.
 
         ``behaviour_logprobs`` are the sampler's, when they are the current policy's own (same
         weights, temperature 1); otherwise (None) old log-probs are recomputed when needed.
+        ``sampler_logprobs`` are another engine's (vLLM) for the same distribution: the trainer's own
+        are then computed as the old log-probs, their gap is logged (``logprob_mismatch``) and, with
+        ``tis_cap`` > 0, each token's loss is weighted by truncated importance sampling.
+        ``dense`` holds each row's process rewards as ``(completion token index, reward)`` pairs
+        (:class:`~posttrain.types.Rewards`), for ``credit == "step"`` and PPO's token-level GAE.
         """
         metrics: dict[str, float] = {}
-        if self.needs_old_logprobs():
+        if self.needs_old_logprobs() or sampler_logprobs is not None:
             batch.old_logprobs = behaviour_logprobs if behaviour_logprobs is not None else scorer.logprobs(batch)
+        if sampler_logprobs is not None:
+            metrics["logprob_mismatch"] = float(logprob_mismatch(sampler_logprobs, batch.old_logprobs,
+                                                                 batch.loss_mask))
+            if self.cfg.tis_cap > 0:
+                batch.importance_weights = truncated_importance_weights(batch.old_logprobs, sampler_logprobs,
+                                                                        self.cfg.tis_cap)
+                sampled = batch.loss_mask.bool()
+                metrics["tis_weight_mean"] = float(batch.importance_weights[sampled].mean()) if sampled.any() else 1.0
         if self.beta > 0:
             batch.ref_logprobs = scorer.reference_logprobs(batch)
             current = batch.old_logprobs if batch.old_logprobs is not None else scorer.logprobs(batch)
@@ -146,14 +163,17 @@ class Algorithm:
             metrics["kl"] = float((kl * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1))
         if self.needs_critic:
             batch.old_values = scorer.values(batch)
+        steps = (dense_token_rewards(dense, batch.prompt_lengths, batch.loss_mask.shape, batch.loss_mask.device)
+                 if dense and any(dense) else None)
         batch.advantages, batch.returns = self.advantages(
             rewards, batch.loss_mask, logprobs=batch.old_logprobs, ref_logprobs=batch.ref_logprobs,
-            values=batch.old_values, step_rewards=step_rewards)
+            values=batch.old_values, step_rewards=step_rewards, dense=steps)
         return metrics
 
     def advantages(self, rewards: torch.Tensor, mask: torch.Tensor, *, logprobs: torch.Tensor | None = None,
                    ref_logprobs: torch.Tensor | None = None, values: torch.Tensor | None = None,
-                   step_rewards: list[list[float]] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   step_rewards: list[list[float]] | None = None,
+                   dense: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``[B, T]`` advantages (and value targets, for PPO) for (shaped) outcome ``rewards`` ``[B]``.
 
         Group estimators give one advantage per trajectory, spread over its sampled tokens, or with
@@ -161,7 +181,9 @@ class Algorithm:
         outcome on the last sampled token and, with ``kl_in_reward``, subtract beta * KL on every
         token; REINFORCE++ whitens the returns over the batch, PPO runs GAE against the critic's
         ``values``, over tokens or (``gae_level == "turn"``) over agent turns, where
-        ``step_rewards[b][k]`` is the env's reward after turn k of row b.
+        ``step_rewards[b][k]`` is the env's reward after turn k of row b. ``dense`` is ``([B, T]``
+        step rewards at their tokens, ``[B, T]`` step-end mask) from a dense process reward: PPO
+        adds them to its token rewards, ``credit == "step"`` runs GRPO with process supervision.
         """
         cfg = self.cfg
         returns = None
@@ -172,9 +194,14 @@ class Algorithm:
             adv, returns = turn_level_gae(turn_rewards(rewards, mask, step_rewards), values, mask, cfg.gamma, cfg.lam)
         elif cfg.name == "ppo":
             token_rewards = outcome_token_rewards(rewards, mask)
+            if dense is not None:
+                token_rewards = token_rewards + dense[0] * mask
             if kl_beta > 0:
                 token_rewards = token_rewards - kl_beta * kl_estimate(logprobs, ref_logprobs, cfg.kl_estimator) * mask
             adv, returns = gae(token_rewards, values, mask, cfg.gamma, cfg.lam)
+        elif cfg.credit == "step":
+            step_r, ends = dense if dense is not None else (torch.zeros_like(mask), torch.zeros_like(mask).bool())
+            adv = process_supervised_advantages(rewards, step_r, ends, mask, cfg.group_size, scale=cfg.scale_rewards)
         elif cfg.credit == "turn":
             ids = turn_ids(mask)
             num_turns = ids.max(dim=1).values + 1
@@ -222,13 +249,14 @@ class Algorithm:
         if cfg.name == "gspo":
             total, stats = self._policy_loss(outputs.logprobs, old, batch.advantages, mask,
                                              epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
-                                             total_sequences=norm.sequences)
+                                             total_sequences=norm.sequences, token_weights=batch.importance_weights)
         else:
             total, stats = self._policy_loss(
                 outputs.logprobs, old, batch.advantages, mask, epsilon_low=cfg.epsilon_low,
                 epsilon_high=cfg.epsilon_high, beta=0.0 if cfg.kl_in_reward else self.beta,
                 ref_logprobs=batch.ref_logprobs, kl_kind=cfg.kl_estimator, aggregation=cfg.loss_aggregation,
-                total_tokens=norm.tokens, total_sequences=norm.sequences, max_tokens=float(self.max_new_tokens))
+                total_tokens=norm.tokens, total_sequences=norm.sequences, max_tokens=float(self.max_new_tokens),
+                token_weights=batch.importance_weights)
         if outputs.values is not None:
             old_values = batch.old_values if batch.old_values is not None else outputs.values.detach()
             v_loss = value_loss(outputs.values, old_values, batch.returns, mask, cfg.value_clip or None, norm.tokens)
@@ -262,10 +290,11 @@ def turn_rewards(rewards: torch.Tensor, mask: torch.Tensor, step_rewards: list[l
     (shaped) reward, which is the return (the sum of step rewards) plus any shaping."""
     turns = (turn_ids(mask).max(dim=1).values + 1).tolist()
     out = torch.zeros(len(turns), max(max(turns), 1))
+    totals = rewards.tolist()
     for b, k in enumerate(turns):
         if k == 0:
             continue
         given = (step_rewards[b] if step_rewards else [])[: k - 1]
         out[b, : len(given)] = torch.tensor(given, dtype=torch.float32)
-        out[b, k - 1] = rewards[b] - sum(given)
-    return out
+        out[b, k - 1] = totals[b] - sum(given)
+    return out.to(mask.device)  # built on the host from Python lists, moved once

@@ -152,8 +152,8 @@ def turn_level_gae(
     ids = turn_ids(mask)
     turns = int(ids.max().item()) + 1 if ids.numel() else 0
     b = mask.shape[0]
-    turn_values = torch.zeros(b, max(turns, 1))
-    turn_mask = torch.zeros(b, max(turns, 1))
+    turn_values = torch.zeros(b, max(turns, 1), device=mask.device)
+    turn_mask = torch.zeros(b, max(turns, 1), device=mask.device)
     first = (ids >= 0) & (torch.cat([torch.full_like(ids[:, :1], -1), ids[:, :-1]], dim=1) != ids)
     rows, cols = first.nonzero(as_tuple=True)
     turn_values[rows, ids[rows, cols]] = values[rows, cols].float()

@@ -107,14 +107,19 @@ def grpo_loss(
     total_sequences: float | None = None,
     max_tokens: float | None = None,
     kl_kind: KLKind = "k3",
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The GRPO objective (Shao et al. 2024, eq. 3): clipped surrogate + beta * KL (k3 by default).
 
     Returns the scalar loss and detached per-batch statistics: mean KL, clip fractions below
     and above the range (counted only where clipping changes the gradient), ratio min/max.
-    ``max_tokens`` is only read by the ``constant`` (Dr. GRPO) aggregation.
+    ``max_tokens`` is only read by the ``constant`` (Dr. GRPO) aggregation. ``token_weights``
+    (no gradient) scale each token's surrogate term, not its KL: the truncated importance
+    weights of :mod:`posttrain.algorithms.off_policy` when another engine sampled.
     """
     per_token, ratio = clipped_surrogate(logprobs, old_logprobs, advantages, epsilon_low, epsilon_high)
+    if token_weights is not None:
+        per_token = per_token * token_weights
     stats: dict[str, torch.Tensor] = {}
     if beta > 0:
         if ref_logprobs is None:
@@ -136,6 +141,7 @@ def gspo_loss(
     epsilon_low: float = 3e-4,
     epsilon_high: float = 4e-4,
     total_sequences: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071).
 
@@ -148,12 +154,15 @@ def gspo_loss(
     the gradient s_i * grad log pi(token), so ``advantages`` are ``[B, T]`` like grpo_loss's. With
     one advantage per sequence it equals sequence-level GSPO in value and gradient.
     Returns the scalar loss and the statistics of grpo_loss (their ratio is s_i).
+    ``token_weights`` scale each token's term, as in :func:`grpo_loss`.
     """
     mask_f = mask.float()
     lengths = mask_f.sum(-1).clamp(min=1.0)
     log_seq_ratio = ((logprobs - old_logprobs) * mask_f).sum(-1) / lengths
     log_ratio = log_seq_ratio.detach().unsqueeze(-1) + logprobs - logprobs.detach()
     per_token, ratio = clipped_surrogate(log_ratio, torch.zeros_like(log_ratio), advantages, epsilon_low, epsilon_high)
+    if token_weights is not None:
+        per_token = per_token * token_weights
     loss = aggregate(per_token, mask, "sequence", total_sequences=total_sequences)
     return loss, _clip_stats(ratio, advantages, mask, epsilon_low, epsilon_high)
 

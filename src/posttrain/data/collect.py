@@ -20,6 +20,7 @@ class CollectResult:
     successes: int
     errors: int
     seconds: float
+    first_error: str | None = None  # what the first failed episode said, if any failed
 
 
 def collect(
@@ -39,24 +40,26 @@ def collect(
     """
     from posttrain.train.context import RunContext  # the context imports the data package
 
-    ctx = RunContext(cfg, checkpoint=checkpoint)
-    tasks = ctx.tasks("train")
-    tasks = tasks[:num_tasks] if num_tasks else tasks
-    if not tasks:
-        raise EnvError(f"env {cfg.env.id!r} has no training tasks to collect on")
-    params = ctx.sampling()
-    store = TrajectoryStore(out)
-    run_id = f"collect-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    per_batch = max(1, cfg.rollout.batch_size // samples_per_task)
-    start = time.time()
-    written = successes = errors = 0
-    total = len(tasks) * samples_per_task
-    for i in range(0, len(tasks), per_batch):
-        trajectories = ctx.rollout(tasks[i : i + per_batch], params, samples_per_task)
-        part = store.append(trajectories, run_id, policy_version=0)
-        written += len(trajectories)
-        successes += sum(t.correct for t in trajectories)
-        errors += sum(t.error is not None for t in trajectories)
-        if on_append and part is not None:
-            on_append(written, total, part)
-    return CollectResult(run_id, written, successes, errors, time.time() - start)
+    with RunContext(cfg, checkpoint=checkpoint) as ctx:
+        tasks = ctx.tasks("train")
+        tasks = tasks[:num_tasks] if num_tasks else tasks
+        if not tasks:
+            raise EnvError(f"env {cfg.env.id!r} has no training tasks to collect on")
+        params = ctx.sampling()
+        store = TrajectoryStore(out)
+        run_id = f"collect-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        per_batch = max(1, cfg.rollout.batch_size // samples_per_task)
+        start = time.time()
+        written = successes = errors = 0
+        first_error = None
+        total = len(tasks) * samples_per_task
+        for i in range(0, len(tasks), per_batch):
+            trajectories = ctx.rollout(tasks[i : i + per_batch], params, samples_per_task)
+            part = store.append(trajectories, run_id, policy_version=0)
+            written += len(trajectories)
+            successes += sum(t.correct for t in trajectories)
+            errors += sum(t.error is not None for t in trajectories)
+            first_error = first_error or next((t.error for t in trajectories if t.error is not None), None)
+            if on_append and part is not None:
+                on_append(written, total, part)
+    return CollectResult(run_id, written, successes, errors, time.time() - start, first_error)

@@ -16,12 +16,18 @@ from posttrain.rollout.episodes import encode_prompt
 from posttrain.types import Task, Trajectory
 
 
+def _is_message(m: object) -> bool:
+    return isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content", ""), str)
+
+
 def _split(record: dict, where: str) -> tuple[list[dict], str]:
     if "messages" in record:
         messages = record["messages"]
-        if not isinstance(messages, list) or not messages or messages[-1].get("role") != "assistant":
-            raise DataError(f"{where}: 'messages' must be a list ending with an assistant message")
-        return messages[:-1], str(messages[-1].get("content", ""))
+        if not isinstance(messages, list) or not messages or not all(map(_is_message, messages)) \
+                or messages[-1]["role"] != "assistant":
+            raise DataError(f"{where}: 'messages' must be a list of {{\"role\": ..., \"content\": ...}} objects "
+                            "with string values, ending with an assistant message")
+        return messages[:-1], messages[-1].get("content", "")
     if "prompt" in record and "completion" in record:
         return [{"role": "user", "content": str(record["prompt"])}], str(record["completion"])
     raise DataError(f"{where}: expected keys 'prompt' and 'completion', or 'messages'")
@@ -32,8 +38,12 @@ def load_demonstrations(path: str | Path, tokenizer) -> list[Trajectory]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"demonstrations file not found: {p} (expected JSONL)")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{p}: not UTF-8 text (byte {e.start}: {e.reason}); expected JSONL") from None
     out = []
-    for n, line in enumerate(p.read_text().splitlines(), start=1):
+    for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -43,9 +53,14 @@ def load_demonstrations(path: str | Path, tokenizer) -> list[Trajectory]:
         if not isinstance(record, dict):
             raise DataError(f"{p}:{n}: expected a JSON object")
         context, answer = _split(record, f"{p}:{n}")
-        completion = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
+        try:
+            completion = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
+            prompt_ids = encode_prompt(tokenizer, context)
+        except Exception as e:  # noqa: BLE001 - the template or tokenizer rejects this record's text
+            raise DataError(f"{p}:{n}: the model's chat template or tokenizer cannot render it: "
+                            f"{type(e).__name__}: {e}") from None
         prompt = context[-1]["content"] if context else ""
-        out.append(Trajectory(task=Task(f"demo-{n}", str(prompt)), prompt_ids=encode_prompt(tokenizer, context),
+        out.append(Trajectory(task=Task(f"demo-{n}", str(prompt)), prompt_ids=prompt_ids,
                               completion_ids=completion, loss_mask=[1] * len(completion),
                               behaviour_logprobs=[0.0] * len(completion), reward=1.0))
     if not out:

@@ -94,18 +94,25 @@ def row_trajectory(row: dict[str, Any]) -> Trajectory:
 
 
 class TrajectoryStore:
-    """Append-only Parquet trajectories under ``path`` (created on the first append)."""
+    """Append-only Parquet trajectories under ``path`` (created on the first append).
 
-    def __init__(self, path: str | Path):
+    A part that cannot be read (truncated, empty, not Parquet, another schema, rows that do not
+    decode) stops reading with a :class:`DataError` naming it; with ``skip_bad_parts`` it is
+    left out instead and listed in ``skipped`` as ``(part, reason)``.
+    """
+
+    def __init__(self, path: str | Path, skip_bad_parts: bool = False):
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise DataError(f"trajectory store {self.path} is a file (expected a directory)")
+        self.skip_bad_parts = skip_bad_parts
+        self.skipped: list[tuple[str, str]] = []
 
     def files(self) -> list[str]:
         """The finished part files, oldest first (names sort by creation time)."""
         if not self.path.is_dir():
             return []
-        return sorted(str(p) for p in self.path.glob("part-*.parquet"))
+        return sorted(str(p) for p in self.path.glob("part-*.parquet") if p.is_file())
 
     def append(self, trajectories: Iterable[Trajectory], run_id: str, policy_version: int = 0) -> Path | None:
         """Write ``trajectories`` as one new part file; durable on disk when this returns."""
@@ -129,21 +136,49 @@ class TrajectoryStore:
 
     def read_table(self) -> pa.Table:
         """Every finished row as one Arrow table (empty with the store's schema if none)."""
-        files = self.files()
-        if not files:
-            return SCHEMA.empty_table()
-        return pa.concat_tables([pq.read_table(f, schema=SCHEMA) for f in files])
+        tables = [t for t in map(self._read_part, self.files()) if t is not None]
+        return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
 
     def __iter__(self) -> Iterator[Trajectory]:
         for f in self.files():
-            for row in pq.read_table(f, schema=SCHEMA).to_pylist():
-                yield row_trajectory(row)
+            for trajectory in self._part_trajectories(f):
+                yield trajectory
 
     def __len__(self) -> int:
-        return sum(pq.ParquetFile(f).metadata.num_rows for f in self.files())
+        return sum(t.num_rows for t in map(self._read_part, self.files()) if t is not None)
 
     def trajectories(self) -> list[Trajectory]:
         return list(self)
+
+    def _read_part(self, part: str) -> pa.Table | None:
+        try:
+            return pq.read_table(part, schema=SCHEMA)
+        except (pa.ArrowException, OSError, ValueError) as e:
+            return self._bad_part(part, f"not a readable Parquet part of this store's schema: {_first_line(e)}")
+
+    def _part_trajectories(self, part: str) -> list[Trajectory]:
+        """A part's trajectories, all or none: a part with one row that does not decode is bad as a whole."""
+        table = self._read_part(part)
+        if table is None:
+            return []
+        try:
+            return [row_trajectory(row) for row in table.to_pylist()]
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            return self._bad_part(part, f"a row does not decode as a trajectory: {type(e).__name__}: "
+                                        f"{_first_line(e)}") or []
+
+    def _bad_part(self, part: str, reason: str) -> None:
+        if not self.skip_bad_parts:
+            raise DataError(f"trajectory store part {part}: {reason} (remove the part, or set "
+                            "offline.skip_bad_parts=true to train without it)")
+        if part not in (p for p, _ in self.skipped):
+            self.skipped.append((part, reason))
+        return None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:200] if lines else type(error).__name__
 
 
 def _fsync_dir(path: Path) -> None:

@@ -2,6 +2,6 @@
 
 from posttrain.envs.base import TextEnv
 from posttrain.envs.contract import EnvError
-from posttrain.envs.registry import is_multi_agent, make_env, register, registered
+from posttrain.envs.registry import env_is_multi_agent, is_multi_agent, make_env, register, registered
 
-__all__ = ["EnvError", "TextEnv", "is_multi_agent", "make_env", "register", "registered"]
+__all__ = ["EnvError", "TextEnv", "env_is_multi_agent", "is_multi_agent", "make_env", "register", "registered"]

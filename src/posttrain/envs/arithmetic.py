@@ -7,6 +7,11 @@ Difficulty levels (``difficulty``):
     4. two operations: a op b op c, numbers up to 50
     5. two operations, numbers up to 999
 
+``difficulty`` may also be a list of levels, e.g. ``[1, 3, 5]``: a mixed-difficulty env with
+``num_train`` and ``num_eval`` problems per level (the eval split interleaves the levels, so its
+first N tasks cover them all). Every task records its level in ``metadata["difficulty"]``, which
+the curriculum and the per-difficulty evaluation read.
+
 Each problem is a plain question ("What is 7 + 12?") or, with ``word_problems=True``, phrased as
 a short story. The train and eval splits are disjoint by problem (the expression), not only by
 wording: an expression in the eval split never appears in training under any phrasing.
@@ -15,10 +20,11 @@ wording: an expression in the eval split never appears in training under any phr
 from __future__ import annotations
 
 import random
+from itertools import zip_longest
 from typing import Any
 
 from posttrain.envs.base import TextEnv
-from posttrain.rewards.verifiable import exact_number_score
+from posttrain.rewards.verifiable import math_answer_score
 from posttrain.types import Task
 
 _WORD_TEMPLATES = {
@@ -89,7 +95,7 @@ class ArithmeticEnv(TextEnv):
 
     def __init__(
         self,
-        difficulty: int = 1,
+        difficulty: int | list[int] = 1,
         word_problems: bool = False,
         num_eval: int = 100,
         num_train: int = 5000,
@@ -97,35 +103,39 @@ class ArithmeticEnv(TextEnv):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        if difficulty not in (1, 2, 3, 4, 5):
-            raise ValueError(f"env.kwargs.difficulty must be 1-5, got {difficulty!r}")
+        levels = list(difficulty) if isinstance(difficulty, (list, tuple)) else [difficulty]
+        if not levels or any(level not in (1, 2, 3, 4, 5) for level in levels) or len(set(levels)) < len(levels):
+            raise ValueError(f"env.kwargs.difficulty must be 1-5 or a list of distinct levels 1-5, got {difficulty!r}")
         if num_eval < 1 or num_train < 1:
             raise ValueError("env.kwargs.num_eval and num_train must be at least 1")
         self.difficulty = difficulty
         self.word_problems = word_problems
         self.instruction = instruction
-        self._splits = self._generate(seed, num_train, num_eval)
+        per_level = [self._generate(seed, level, num_train, num_eval) for level in levels]
+        # Round-robin over levels, so that any prefix of a split mixes them.
+        self._splits = {split: [t for group in zip_longest(*(s[split] for s in per_level)) for t in group if t]
+                        for split in ("train", "eval")}
 
-    def _generate(self, seed: int, num_train: int, num_eval: int) -> dict[str, list[Task]]:
-        rng = random.Random(f"arithmetic-{seed}-{self.difficulty}")
+    def _generate(self, seed: int, level: int, num_train: int, num_eval: int) -> dict[str, list[Task]]:
+        rng = random.Random(f"arithmetic-{seed}-{level}")
         seen: dict[str, tuple[list[int], list[str]]] = {}
         attempts = 0
         while len(seen) < num_train + num_eval and attempts < 50 * (num_train + num_eval):
             attempts += 1
-            nums, ops = _draw(rng, self.difficulty)
+            nums, ops = _draw(rng, level)
             expr = _render(nums, ops)
             seen.setdefault(expr, (nums, ops))
         exprs = list(seen)
         if len(exprs) <= num_eval:
             raise ValueError(
-                f"difficulty {self.difficulty} has only {len(exprs)} distinct problems; "
+                f"difficulty {level} has only {len(exprs)} distinct problems; "
                 f"env.kwargs.num_eval ({num_eval}) must be smaller"
             )
         # Eval first, so the eval split stays the same whatever num_train is.
-        tasks = [self._make_task(e, *seen[e], rng) for e in exprs]
+        tasks = [self._make_task(e, *seen[e], level, rng) for e in exprs]
         return {"eval": tasks[:num_eval], "train": tasks[num_eval : num_eval + num_train]}
 
-    def _make_task(self, expr: str, nums: list[int], ops: list[str], rng: random.Random) -> Task:
+    def _make_task(self, expr: str, nums: list[int], ops: list[str], level: int, rng: random.Random) -> Task:
         answer = eval_expression(expr)
         if self.word_problems and len(ops) == 1:
             name, pronoun = rng.choice(_NAMES)
@@ -134,8 +144,8 @@ class ArithmeticEnv(TextEnv):
         else:
             question = f"What is {expr}?"
         prompt = f"{question} {self.instruction}".strip()
-        return Task(id=f"arith-{self.difficulty}-{expr.replace(' ', '')}", prompt=prompt, answer=answer,
-                    metadata={"expression": expr})
+        return Task(id=f"arith-{level}-{expr.replace(' ', '')}", prompt=prompt, answer=answer,
+                    metadata={"expression": expr, "difficulty": level})
 
     def score(self, task: Task, action: str) -> tuple[float, dict[str, Any]]:
-        return exact_number_score(action, task.answer)
+        return math_answer_score(action, task.answer)

@@ -105,11 +105,49 @@ def _got(test, namespace):
     return ""
 
 
+def _plain_results(fn, _type=type, _id=id, _len=len, _TypeError=TypeError):
+    """``fn`` whose return values must be plain data: an object of the solution's own class (one
+    whose == is always true, whose __bool__ lies, ...) never reaches a test's comparison. Types
+    are compared by identity, so a metaclass's __eq__ cannot fool the check either."""
+    scalars = (int, float, complex, str, bytes, bool, _type(None))
+    sequences = (list, tuple, set, frozenset)
+
+    def check(value):
+        stack, seen = [value], 0
+        while stack:
+            v = stack.pop()
+            seen += 1
+            t = _type(v)
+            if any(t is s for s in scalars):
+                continue
+            if seen > 1000000:
+                raise _TypeError("the returned value is too large to check")
+            if any(t is s for s in sequences):
+                stack.extend(v)
+            elif t is dict:
+                stack.extend(v.keys())
+                stack.extend(v.values())
+            else:
+                raise _TypeError(f"the function returned a {{t.__name__}} object; expected plain data (numbers, "
+                                 "strings, bytes, None, and lists, tuples, sets or dicts of them)")
+
+    def called(*args, **kwargs):
+        result = fn(*args, **kwargs)
+        check(result)
+        return result
+
+    return called
+
+
 _signal.signal(_signal.SIGALRM, _alarm)
+import builtins as _builtins_module
+_clean_builtins = dict(_builtins_module.__dict__)  # before the solution runs: it cannot rebind what tests use
+_header_ns = {{"__name__": "solution", "__builtins__": dict(_clean_builtins)}}
 _ns = {{"__name__": "solution"}}
 _setup_error = None
 try:
     _signal.setitimer(_signal.ITIMER_REAL, {per_test})
+    exec(compile({header!r}, "header.py", "exec"), _header_ns)
     exec(compile({solution!r}, "solution.py", "exec"), _ns)
     _signal.setitimer(_signal.ITIMER_REAL, 0)
     if not callable(_ns.get({entry!r})):
@@ -121,7 +159,10 @@ for _i, _test in enumerate({tests!r}):
     if _setup_error:
         _report(_i, False, _setup_error)
         continue
-    _g = dict(_ns, candidate=_ns[{entry!r}])
+    # Tests see the task's header and the checked entry point, not the solution's other names
+    # (a solution defining its own `abs` or `isclose` must not change what the test computes).
+    _g = dict(_header_ns, __builtins__=dict(_clean_builtins))
+    _g[{entry!r}] = _g["candidate"] = _plain_results(_ns[{entry!r}])
     try:
         _signal.setitimer(_signal.ITIMER_REAL, {per_test})
         exec(compile(_test, "test", "exec"), _g)
@@ -153,11 +194,14 @@ class TestReport:
 
 
 def run_tests(sandbox: Sandbox, solution: str, entry_point: str, tests: Sequence[str], limits: Limits,
-              test_timeout: float) -> TestReport:
-    """Run ``tests`` against ``solution`` in one sandboxed program; a test not reported failed."""
+              test_timeout: float, header: str = "") -> TestReport:
+    """Run ``tests`` against ``solution`` in one sandboxed program; a test not reported failed.
+
+    The tests run in a namespace built from ``header`` alone (the task's own code, run apart from
+    the solution), with the entry point wrapped so that it may only return plain data."""
     mark = f"@@posttrain-{secrets.token_hex(8)}@@"
     program = _HARNESS.format(mark=mark, per_test=test_timeout, solution=solution, entry=entry_point,
-                              tests=list(tests))
+                              tests=list(tests), header=header)
     result = sandbox.run(program, limits)
     passed, messages = [False] * len(tests), [f"not run: the program ended with status {result.status}"] * len(tests)
     for line in result.stdout.splitlines():
@@ -208,7 +252,8 @@ class CodeEnv(TextEnv):
     def check(self, task: Task, action: str) -> TestReport:
         meta = task.metadata
         solution = join_solution(meta["header"], extract_code(action, meta["entry_point"]))
-        return run_tests(self.sandbox, solution, meta["entry_point"], meta["tests"], self.limits, self.test_timeout)
+        return run_tests(self.sandbox, solution, meta["entry_point"], meta["tests"], self.limits, self.test_timeout,
+                         meta["header"])
 
     def score(self, task: Task, action: str) -> tuple[float, dict[str, Any]]:
         report = self.check(task, action)

@@ -27,15 +27,23 @@ from posttrain.types import Task
 
 Split = Literal["train", "eval"]
 
-ErrorKind = Literal["reset", "step", "timeout", "bad_observation", "bad_return"]
+ErrorKind = Literal["reset", "step", "timeout", "bad_observation", "bad_return", "make_env", "too_long",
+                   "worker_lost"]
 """Why an episode failed for a reason other than the agent's answer (``Trajectory.error_kind``):
 the env raised in ``reset`` or ``step``, a call took longer than ``env.step_timeout``, it returned an
-observation that is neither text nor chat messages, or ``step`` did not return five values."""
+observation that is neither text nor chat messages, ``step`` did not return five values or its
+reward was not a finite number, the episode's own instance could not be built (a constructor that
+raises after the first), an observation did not fit in the context, or the env worker process
+running it (``env.workers``) died."""
 
 
 class EnvError(ValueError):
     """The configured environment cannot be found or built, or does not follow the contract above;
     the message says what is wrong and what was expected."""
+
+
+class EnvWorkerLost(RuntimeError):
+    """The env worker (a Ray actor, ``env.workers``) running the episode's env died or was replaced."""
 
 
 class StepInfo(TypedDict, total=False):
@@ -89,7 +97,10 @@ def env_tasks(env: gym.Env, split: Split, train_seeds: int, eval_seed_start: int
         if split == "train":
             return [seed_task(s) for s in range(train_seeds)]
         return [seed_task(s) for s in range(eval_seed_start, eval_seed_start + eval_seeds)]
-    tasks = env.unwrapped.tasks(split)
+    try:
+        tasks = env.unwrapped.tasks(split)
+    except Exception as e:  # noqa: BLE001 - user code; the message names it
+        raise EnvError(f"tasks({split!r}) raised {type(e).__name__}: {e}") from None
     if isinstance(tasks, (str, bytes)) or not isinstance(tasks, Sequence):
         raise EnvError(f"tasks({split!r}) returned a {type(tasks).__name__}; expected a list of "
                                "posttrain.types.Task")
@@ -97,6 +108,10 @@ def env_tasks(env: gym.Env, split: Split, train_seeds: int, eval_seed_start: int
     if wrong is not None:
         raise EnvError(f"tasks({split!r}) holds a {type(wrong).__name__} ({wrong!r:.60}); expected "
                                "posttrain.types.Task items")
+    odd = next((t for t in tasks if not isinstance(t.id, str) or not isinstance(t.prompt, str)), None)
+    if odd is not None:
+        raise EnvError(f"tasks({split!r}) holds a Task whose id ({odd.id!r:.40}) or prompt ({odd.prompt!r:.40}) is "
+                       "not a str")
     return list(tasks)
 
 

@@ -44,6 +44,9 @@ def _import(entry_point: str):
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise EnvError(f"env.id {entry_point!r}: cannot import module {module_name!r} ({e})") from None
+    except Exception as e:  # noqa: BLE001 - the user's module fails while importing (a SyntaxError, ...)
+        raise EnvError(f"env.id {entry_point!r}: importing module {module_name!r} raised {type(e).__name__}: "
+                       f"{e}") from None
     try:
         return getattr(module, attr)
     except AttributeError:
@@ -53,6 +56,17 @@ def _import(entry_point: str):
 def is_multi_agent(env: Any) -> bool:
     """True for a PettingZoo env (AEC or parallel), False for a single-agent gymnasium.Env."""
     return isinstance(env, (AECEnv, ParallelEnv))
+
+
+def env_is_multi_agent(env_id: str, kwargs: dict[str, Any] | None = None) -> bool:
+    """Whether ``env_id`` names a multi-agent env: from its registration, or by building it."""
+    if env_id in _REGISTRY:
+        return _REGISTRY[env_id].multi_agent
+    env = make_env(env_id, kwargs)
+    try:
+        return is_multi_agent(env)
+    finally:
+        env.close()
 
 
 def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env | AECEnv | ParallelEnv:
@@ -75,6 +89,9 @@ def make_env(env_id: str, kwargs: dict[str, Any] | None = None) -> gym.Env | AEC
         raise
     except (TypeError, ValueError) as e:
         raise EnvError(f"env {env_id!r} with kwargs {kwargs}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a user constructor may raise anything; name it in one line
+        raise EnvError(f"env {env_id!r} with kwargs {kwargs}: its constructor raised {type(e).__name__}: {e}") \
+            from None
     if not is_multi_agent(env):
         check_text_env(env, env_id)
     return env
@@ -89,6 +106,12 @@ register(
     "tool_math",
     "posttrain.envs.tool_math:ToolMathEnv",
     "Multi-digit arithmetic solved over several turns with a calculator tool (ReAct or JSON calls)",
+)
+register(
+    "chain_arithmetic",
+    "posttrain.envs.chain_arithmetic:ChainArithmeticEnv",
+    "Sums of several terms solved one operation per line (the steps process rewards score); reward 1 for the "
+    "right answer, each line marked right or wrong in info['step_correct']",
 )
 register(
     "sql_qa",
@@ -146,4 +169,18 @@ register(
     "posttrain.envs.games.coder_tester:CoderTester",
     "A tester writes asserts, a coder writes the function; shared reward = share of hidden reference tests passed",
     multi_agent=True,
+)
+register(
+    "miniwob",
+    "posttrain.envs.web.miniwob:MiniWoBEnv",
+    "MiniWoB++ web tasks in Chromium (Playwright): accessibility-tree text in, BrowserGym actions out; "
+    "tier easy (default), medium, hard or all, or a list of tasks",
+    example_kwargs={"tasks": ["click-test", "enter-text"]},
+)
+register(
+    "web_shop",
+    "posttrain.envs.web.shop.env:WebShopEnv",
+    "Buy what the instruction asks on a generated shop site in Chromium (search, product options, cart, "
+    "checkout); reward = attribute match of the purchase, progress rewards on the way",
+    example_kwargs={"num_products": 40, "num_train": 20, "num_eval": 5},
 )

@@ -7,8 +7,8 @@ Difficulty levels (``difficulty``):
 
 With ``word_problems=True`` the question is a short story (difficulty 1 and 2), so the agent must
 also find the expression to compute. The agent calls ``calculator`` (ReAct text or JSON function
-calls) and then gives the final answer; reward 1 for the exact number. Train and eval splits are
-disjoint by expression.
+calls) and then gives the final answer; reward 1 for the right number (exact, or math-verify for
+LaTeX and fractions; see rewards.verifiable). Train and eval splits are disjoint by expression.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import random
 from typing import Any
 
 from posttrain.envs.tool_env import ToolEnv
-from posttrain.rewards.verifiable import exact_number_score
+from posttrain.rewards.verifiable import math_answer_score
 from posttrain.rollout.tool_calls import CallFormat, FinalAnswer, ToolCall
 from posttrain.tools import ToolRegistry, calculator
 from posttrain.tools.calculator import evaluate_expression
@@ -86,8 +86,8 @@ class ToolMathEnv(ToolEnv):
                 break
             exprs.setdefault(_expression(rng, difficulty))
         tasks = [Task(f"toolmath-{difficulty}-{e.replace(' ', '')}", _question(e, word_problems),
-                      int(evaluate_expression(e)), {"expression": e}) for e in exprs]
+                      int(evaluate_expression(e)), {"expression": e, "difficulty": difficulty}) for e in exprs]
         self._splits = {"eval": tasks[:num_eval], "train": tasks[num_eval:]}
 
     def score(self, task: Task, action: str) -> tuple[float, dict[str, Any]]:
-        return exact_number_score(action, task.answer)
+        return math_answer_score(action, task.answer)

@@ -46,19 +46,59 @@ def resolve_model_path(name: str) -> str:
         return str(_materialise(name, _build_tiny_random))
     path = Path(name).expanduser()
     if path.exists():
+        if not path.is_dir():
+            raise ModelLoadError(f"model path {path} is a file (expected a directory saved with save_pretrained)")
         if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
             raise ModelLoadError(f"model path {path} has no config.json (expected a saved HF model directory)")
         return str(path)
+    expected = f"a preset ({', '.join(PRESETS)}), a local model directory, or a Hugging Face id such as org/name"
+    if _looks_like_path(name):
+        raise ModelLoadError(f"model path {path} does not exist (expected {expected})")
     if "/" not in name:
-        raise ModelLoadError(
-            f"unknown model {name!r}: expected a preset ({', '.join(PRESETS)}), "
-            "a local model directory, or a Hugging Face id such as org/name"
-        )
-    return name
+        raise ModelLoadError(f"unknown model {name!r}: expected {expected}")
+    return _hub_model(name)
+
+
+def _looks_like_path(name: str) -> bool:
+    """A name no Hugging Face id can be (ids are ``org/name`` of letters, digits, ``-_.``)."""
+    return (name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name or name.endswith("/")
+            or os.sep != "/" and os.sep in name)
+
+
+def _hub_model(repo_id: str) -> str:
+    """The local snapshot of the hub model ``repo_id``, or ``repo_id`` itself when the hub is
+    reachable and will download it. Fails at once, instead of after the download retries, when
+    the model is not cached and the hub is offline (HF_HUB_OFFLINE) or unreachable."""
+    import huggingface_hub
+    from huggingface_hub import constants, errors
+
+    try:
+        return huggingface_hub.snapshot_download(repo_id, local_files_only=True)
+    except (errors.LocalEntryNotFoundError, errors.HFValidationError, OSError, ValueError):
+        pass
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise ModelLoadError(f"model {repo_id!r} is not in the Hugging Face cache and HF_HUB_OFFLINE is set: "
+                             "download it where the hub is reachable, or set model.name to a preset or local directory")
+    try:
+        huggingface_hub.model_info(repo_id, timeout=10)
+    except errors.RepositoryNotFoundError:
+        raise ModelLoadError(f"model {repo_id!r}: no such model on the Hugging Face hub (or it is private)") from None
+    except errors.HFValidationError as e:
+        raise ModelLoadError(f"model {repo_id!r} is not a valid Hugging Face id: {e}") from None
+    except Exception as e:  # noqa: BLE001 - connection errors come from several HTTP libraries
+        raise ModelLoadError(f"model {repo_id!r} is not cached and the Hugging Face hub cannot be reached "
+                             f"({type(e).__name__}: {str(e)[:120]}): set model.name to a preset or a local "
+                             "directory") from None
+    return repo_id
 
 
 def load_tokenizer(name: str):
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(name))
+    path = resolve_model_path(name)
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - see load_model
+        raise ModelLoadError(f"cannot load the tokenizer of {name!r}{_where(name, path)}: {describe_error(e)}") \
+            from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -69,9 +109,19 @@ def load_model(name: str, dtype: str = "float32") -> PreTrainedModel:
     path = resolve_model_path(name)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-    except OSError as e:
-        raise ModelLoadError(f"cannot load model {name!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a truncated, empty or garbage file raises any of a dozen types
+        raise ModelLoadError(f"cannot load model {name!r}{_where(name, path)}: {describe_error(e)}") from None
     return model
+
+
+def describe_error(error: BaseException) -> str:
+    """``Type: first line of the message``, for one-line reports of library errors."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {' '.join(lines)[:300]}" if lines else type(error).__name__
+
+
+def _where(name: str, path: str) -> str:
+    return "" if path == name else f" (from {path})"
 
 
 def _materialise(name: str, build) -> Path:

@@ -122,10 +122,10 @@ def length_buckets(lengths: list[int], call_cost: int | None = None) -> list[lis
     return buckets[::-1]
 
 
-def _in_row_order(per_row: dict[int, torch.Tensor], rows: int, hidden_size: int) -> torch.Tensor:
+def _in_row_order(per_row: dict[int, torch.Tensor], rows: int, hidden_size: int, device: torch.device) -> torch.Tensor:
     """Concatenate each row's states in row order (row-major over the wanted positions)."""
     pieces = [per_row[i] for i in range(rows) if i in per_row]
-    return torch.cat(pieces) if pieces else torch.zeros((0, hidden_size))
+    return torch.cat(pieces) if pieces else torch.zeros((0, hidden_size), device=device)
 
 
 def _full_hidden(decoder, input_ids, attention_mask, want) -> torch.Tensor:
@@ -137,11 +137,11 @@ def _full_hidden(decoder, input_ids, attention_mask, want) -> torch.Tensor:
     per_row: dict[int, torch.Tensor] = {}
     for rows in length_buckets(lengths):
         width = max(lengths[i] for i in rows)
-        idx = torch.tensor(rows)
+        idx = torch.tensor(rows, device=input_ids.device)
         hidden = decoder(input_ids=input_ids[idx, :width], attention_mask=attention_mask[idx, :width]).last_hidden_state
         for j, i in enumerate(rows):  # the state at t-1 predicts the token at t
             per_row[i] = hidden[j, : width - 1][want[i, 1:width]]
-    return _in_row_order(per_row, len(lengths), decoder.config.hidden_size)
+    return _in_row_order(per_row, len(lengths), decoder.config.hidden_size, input_ids.device)
 
 
 def _shared_prefix_hidden(decoder, input_ids, attention_mask, prompt_lengths, want) -> torch.Tensor:
@@ -154,7 +154,10 @@ def _shared_prefix_hidden(decoder, input_ids, attention_mask, prompt_lengths, wa
     lengths = attention_mask.sum(-1).tolist()
     plens = prompt_lengths.tolist()
     index: dict[tuple[int, ...], int] = {}
-    owner = torch.tensor([index.setdefault(tuple(input_ids[i, : plens[i]].tolist()), len(index)) for i in range(b)])
+    device = input_ids.device
+    rows_cpu = input_ids.tolist()  # one transfer; per-row .tolist() on a GPU tensor would sync b times
+    owner = torch.tensor([index.setdefault(tuple(rows_cpu[i][: plens[i]]), len(index)) for i in range(b)],
+                         device=device)
     prompts = list(index)
     width = max(len(p) for p in prompts)
     p_ids = torch.zeros((len(prompts), width), dtype=input_ids.dtype)
@@ -162,6 +165,7 @@ def _shared_prefix_hidden(decoder, input_ids, attention_mask, prompt_lengths, wa
     for k, p in enumerate(prompts):  # left-padded, so every prompt ends where completions start
         p_ids[k, width - len(p) :] = torch.tensor(p)
         p_mask[k, width - len(p) :] = 1
+    p_ids, p_mask = p_ids.to(device), p_mask.to(device)
     prompt_cache = DynamicCache()
     key = cache_kwarg(decoder)
     out = decoder(input_ids=p_ids, attention_mask=p_mask, position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0),
@@ -171,22 +175,22 @@ def _shared_prefix_hidden(decoder, input_ids, attention_mask, prompt_lengths, wa
     c_lens = [n - p for n, p in zip(lengths, plens)]
     per_row: dict[int, torch.Tensor] = {}
     for rows in length_buckets(c_lens):
-        idx = torch.tensor(rows)
+        idx = torch.tensor(rows, device=device)
         c_width = max(c_lens[i] for i in rows)
-        c_ids = torch.zeros((len(rows), c_width), dtype=input_ids.dtype)
+        c_ids = torch.zeros((len(rows), c_width), dtype=input_ids.dtype, device=device)
         c_mask = torch.zeros_like(c_ids)
         for j, i in enumerate(rows):
             c_ids[j, : c_lens[i]] = input_ids[i, plens[i] : lengths[i]]
             c_mask[j, : c_lens[i]] = 1
         cache = DynamicCache([(layer.keys[owner[idx]], layer.values[owner[idx]]) for layer in prompt_cache.layers])
+        positions = prompt_lengths[idx].unsqueeze(-1) + torch.arange(c_width, device=device)
         hidden = decoder(input_ids=c_ids, attention_mask=torch.cat([p_mask[owner[idx]], c_mask], dim=1),
-                         position_ids=prompt_lengths[idx].unsqueeze(-1) + torch.arange(c_width), use_cache=True,
-                         **{key: cache}).last_hidden_state
+                         position_ids=positions, use_cache=True, **{key: cache}).last_hidden_state
         # Completion token j is predicted by the prompt's last state (j = 0) or completion state j-1.
         predictors = torch.cat([last[owner[idx]].unsqueeze(1), hidden[:, :-1]], dim=1)
         for j, i in enumerate(rows):
             per_row[i] = predictors[j, : c_lens[i]][want[i, plens[i] : lengths[i]]]
-    return _in_row_order(per_row, b, decoder.config.hidden_size)
+    return _in_row_order(per_row, b, decoder.config.hidden_size, device)
 
 
 class TokenOutputs(NamedTuple):
@@ -217,7 +221,7 @@ def predictor_states(
         want &= positions.bool()
     # With activation checkpointing HF drops the KV cache, so the prompt cannot be shared.
     if prompt_lengths is not None and bool((prompt_lengths > 0).all()) and not checkpointing:
-        in_prompt = torch.arange(input_ids.shape[1]) < prompt_lengths.unsqueeze(-1)
+        in_prompt = torch.arange(input_ids.shape[1], device=input_ids.device) < prompt_lengths.unsqueeze(-1)
         if (want & in_prompt).any():
             raise ValueError("with prompt_lengths, only completion positions can be requested")
         return _shared_prefix_hidden(decoder, input_ids, attention_mask, prompt_lengths, want), want

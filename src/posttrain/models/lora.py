@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
 from transformers import PreTrainedModel
@@ -26,3 +27,32 @@ def apply_lora(model: PreTrainedModel, cfg: LoraConfig) -> PeftModel:
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, peft_cfg)
+
+
+def merged_weights(model) -> list[tuple[str, torch.Tensor]]:
+    """The model's weights under their Hugging Face names, with LoRA adapters folded in
+    (W + scale * B A) for an inference engine that knows nothing of adapters.
+
+    The merged tensors are fresh copies: the policy's own weights and adapters stay as they are
+    (merging in place and back would add rounding error to the base weights at every sync).
+    Tied weights appear once (``named_parameters`` drops duplicates).
+    """
+    if not isinstance(model, PeftModel):
+        return [(name, p.detach()) for name, p in model.named_parameters()]
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    out = []
+    with torch.no_grad():
+        for name, module in base.named_modules():
+            if isinstance(module, LoraLayer):
+                layer = module.get_base_layer()
+                weight = layer.weight
+                if not module.merged and not module.disable_adapters:
+                    weight = weight + sum(module.get_delta_weight(a) for a in module.active_adapters)
+                out.append((f"{name}.weight", weight.detach()))
+                if getattr(layer, "bias", None) is not None:
+                    out.append((f"{name}.bias", layer.bias.detach()))
+        out += [(name, p.detach()) for name, p in base.named_parameters()
+                if "lora_" not in name and ".base_layer." not in name]
+    return out

@@ -10,7 +10,8 @@ import torch
 from peft import PeftModel
 
 from posttrain.config import ModelSection
-from posttrain.models.loading import load_model, load_tokenizer
+from posttrain.models.device import autocast_dtype, resolve_device, uses_packed_weights
+from posttrain.models.loading import ModelLoadError, describe_error, load_model, load_tokenizer
 from posttrain.models.logprobs import TokenOutputs, policy_forward, token_logprobs
 from posttrain.models.lora import apply_lora
 from posttrain.models.packed_linear import pack_frozen_linears
@@ -19,19 +20,24 @@ from posttrain.models.packed_linear import pack_frozen_linears
 class Policy:
     """A causal LM being trained, with helpers the trainer and the rollout share.
 
+    The model is moved to ``cfg.device`` (resolved: ``auto`` is CUDA when present); every
+    tensor the trainer builds for it goes to ``policy.device``.
+
     The reference model exists only when ``need_reference`` (KL coefficient > 0). With LoRA it
     costs nothing: the reference is the same network with its adapters switched off.
     """
 
     def __init__(self, model, tokenizer, cfg: ModelSection, need_reference: bool = False):
-        self.model = model
+        self.device = resolve_device(cfg.device)
+        self.model = model.to(self.device)
         self.tokenizer = tokenizer
         self.cfg = cfg
+        self.autocast_dtype = autocast_dtype(cfg, self.device)
         self._reference = None
         if need_reference and not isinstance(model, PeftModel):
-            self._reference = copy.deepcopy(model).eval().requires_grad_(False)
+            self._reference = copy.deepcopy(self.model).eval().requires_grad_(False)
         self.has_reference = need_reference
-        if cfg.pack_weights:  # frozen weights (reference, LoRA base layers) are packed once, here
+        if uses_packed_weights(cfg, self.device):  # frozen weights (reference, LoRA base layers): packed once
             for frozen in (self._reference, model if isinstance(model, PeftModel) else None):
                 if frozen is not None:
                     pack_frozen_linears(frozen)
@@ -39,11 +45,15 @@ class Policy:
     @classmethod
     def load(cls, cfg: ModelSection, need_reference: bool = False, checkpoint: str | Path | None = None) -> "Policy":
         """Load ``cfg.name`` (or a saved checkpoint of it), with LoRA when configured."""
+        resolve_device(cfg.device)  # a device that is not there fails before the model loads
         if checkpoint is not None:
             path = _model_dir(Path(checkpoint))
             if (path / "adapter_config.json").is_file():
                 base = load_model(cfg.name, cfg.dtype)
-                model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
+                try:
+                    model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
+                except Exception as e:  # noqa: BLE001 - truncated or garbage adapter files raise many types
+                    raise ModelLoadError(f"cannot load the LoRA adapters in {path}: {describe_error(e)}") from None
             else:
                 model = load_model(str(path), cfg.dtype)
             tokenizer = load_tokenizer(str(path))
@@ -64,12 +74,16 @@ class Policy:
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
+    @property
+    def pack_weights(self) -> bool:
+        """Whether generation should pack linear weights for oneDNN (a CPU-only fast path)."""
+        return uses_packed_weights(self.cfg, self.device)
+
     def autocast(self):
-        """The ``model.autocast`` context for forward passes (a no-op when it is "none")."""
-        if self.cfg.autocast == "none":
+        """The ``model.autocast`` context for forward passes (a no-op without autocast)."""
+        if self.autocast_dtype is None:
             return nullcontext()
-        device = next(self.model.parameters()).device.type
-        return torch.autocast(device, dtype=getattr(torch, self.cfg.autocast))
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def logprobs(self, input_ids, attention_mask, positions=None, prompt_lengths=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token (logprobs, entropy); see :func:`posttrain.models.logprobs.token_logprobs`."""
@@ -97,11 +111,12 @@ class Policy:
                                    prompt_lengths)
         return lp
 
-    def save(self, path: str | Path) -> None:
-        """Save weights (or only the adapters, with LoRA) and the tokenizer as a loadable directory."""
+    def save(self, path: str | Path, state_dict: dict | None = None) -> None:
+        """Save weights (or only the adapters, with LoRA) and the tokenizer as a loadable directory;
+        ``state_dict`` replaces the model's own (the gathered weights of a sharded model)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path)
+        self.model.save_pretrained(path, state_dict=state_dict)
         self.tokenizer.save_pretrained(path)
 
 

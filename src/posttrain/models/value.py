@@ -28,7 +28,7 @@ class Critic(nn.Module):
         super().__init__()
         decoder = policy_model.get_decoder()
         self.mode = mode
-        self.head = nn.Linear(decoder.config.hidden_size, 1)
+        self.head = nn.Linear(decoder.config.hidden_size, 1, device=next(decoder.parameters()).device)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
         self.trunk = None
@@ -48,5 +48,5 @@ class Critic(nn.Module):
         """
         trunk = self.trunk if self.trunk is not None else self._policy_trunk
         rows, want = predictor_states(trunk, input_ids, attention_mask, positions, prompt_lengths)
-        out = torch.zeros(want.shape, dtype=torch.float32)
+        out = torch.zeros(want.shape, dtype=torch.float32, device=want.device)
         return out.masked_scatter(want, self.head(rows).squeeze(-1).float())

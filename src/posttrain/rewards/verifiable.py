@@ -1,8 +1,17 @@
-"""Verifiable rewards: compare the answer in a model's text with the ground truth."""
+"""Verifiable rewards: compare the answer in a model's text with the ground truth.
+
+Two checks, one answer: a plain number ("Answer: 1,234", "= 27", ``\\boxed{42}``) is compared
+exactly as a fraction, which is fast and needs no parser; anything else (LaTeX such as
+``\\boxed{\\frac{3}{4}}``, ``\\dfrac``, ``3/4``, a gold answer that is not a number) goes to
+Hugging Face's ``math-verify``, which parses LaTeX and plain expressions with SymPy and compares
+them symbolically and numerically. On a plain number both agree, so the fast path changes no
+verdict (``tests/test_math_verify.py`` checks the two on the same cases).
+"""
 
 from __future__ import annotations
 
 import re
+import threading
 from fractions import Fraction
 
 _MAX_DIGITS = 100
@@ -52,3 +61,65 @@ def exact_number_score(action: str, answer) -> tuple[float, dict]:
     reward = exact_match_reward(action, answer)
     parsed = extract_final_number(action)
     return reward, {"correct": reward == 1.0, "parsed_answer": None if parsed is None else str(parsed)}
+
+
+# Text that a plain-number reading could misread: LaTeX commands, and fractions such as "3/4"
+# (whose last number, 4, is not the answer).
+_NOT_PLAIN = re.compile(r"\\|\d\s*/\s*\d")
+# math-verify's own timeouts use SIGALRM, which only the main thread may set; environments are
+# stepped in worker threads, whose time the rollout bounds instead (env.step_timeout). Long model
+# output is cut to its tail, where the final answer is, so that parsing stays short.
+_MAX_VERIFY_CHARS = 2000
+
+
+def _plain_final_number(text: str) -> Fraction | None:
+    """The final answer when it is a plain number that the exact check reads correctly, else None."""
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return parse_number(boxed.strip().strip("$"))
+    if _NOT_PLAIN.search(text):
+        return None
+    return extract_final_number(text)
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}``, nested braces included, or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1 : j]
+    return None
+
+
+def math_verify_equal(text: str, answer) -> bool:
+    """math-verify's verdict: does the answer in ``text`` equal the gold ``answer``?"""
+    from math_verify import parse, verify
+
+    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    gold_text = str(answer)
+    gold = parse(gold_text if "$" in gold_text else f"${gold_text}$", parsing_timeout=timeout)
+    predicted = parse(text[-_MAX_VERIFY_CHARS:], parsing_timeout=timeout)
+    return bool(gold and predicted and verify(gold, predicted, timeout_seconds=timeout))
+
+
+def math_answer_correct(text: str, answer) -> bool:
+    """True when the final answer of ``text`` equals ``answer``: exact for plain numbers, else math-verify."""
+    expected = answer if isinstance(answer, Fraction) else parse_number(str(answer))
+    predicted = _plain_final_number(text)
+    if expected is not None and predicted is not None:
+        return predicted == expected
+    try:
+        return math_verify_equal(text, answer)
+    except Exception:  # noqa: BLE001 - untrusted text: a parser failure is a wrong answer, never a crash
+        return False
+
+
+def math_answer_score(action: str, answer) -> tuple[float, dict]:
+    """Reward 1 when the final answer equals ``answer`` (:func:`math_answer_correct`), with info."""
+    correct = math_answer_correct(action, answer)
+    parsed = extract_final_number(action)
+    return float(correct), {"correct": correct, "parsed_answer": None if parsed is None else str(parsed)}

@@ -1,4 +1,4 @@
-"""The interface every generation engine implements (HF on CPU today, vLLM on GPUs later)."""
+"""The interface every generation engine implements: posttrain's HF decode loop and vLLM."""
 
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ class Generation:
 
 
 class GenerationBackend(Protocol):
+    same_logprobs_as_trainer: bool
+    """True when the backend's logprobs are the trainer's own computation (it runs the policy's
+    model), so they can stand in for the old policy's; False for an engine with its own kernels."""
+
     def generate(
         self, prompts: list[list[int]], params: SamplingParams, num_samples: int = 1
     ) -> list[Generation]:
@@ -38,4 +42,9 @@ class GenerationBackend(Protocol):
         Returns ``len(prompts) * num_samples`` generations, grouped by prompt: the samples of
         prompt i are at ``i * num_samples ... (i + 1) * num_samples - 1``.
         """
+        ...
+
+    def sync_weights(self) -> None:
+        """Generate from the policy's current weights from now on; the trainer calls it after
+        every optimiser update. A no-op for a backend that shares the policy's model."""
         ...

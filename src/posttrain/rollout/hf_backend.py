@@ -1,4 +1,4 @@
-"""Batched generation with a Hugging Face model on CPU, token ids in and out.
+"""Batched generation with a Hugging Face model, token ids in and out, on the model's device.
 
 Our own decode loop over the model's KV cache rather than ``model.generate``, for three reasons
 that matter for RL on a CPU:
@@ -6,7 +6,7 @@ that matter for RL on a CPU:
 - each prompt is prefilled once and its cache copied for its ``num_samples`` samples;
 - rows that finished (EOS or a stop string) leave the batch, so late decode steps only pay for
   the sequences still running;
-- the linear layers run on weights packed once per call for oneDNN (see
+- on CPU, the linear layers run on weights packed once per call for oneDNN (see
   :mod:`posttrain.models.packed_linear`), 2-3x faster than the plain weights at decode shapes.
 """
 
@@ -26,15 +26,23 @@ from posttrain.rollout.sampling import sample_next
 class HFBackend:
     """Generate with ``model`` (shared with the trainer, so it always has the latest weights)."""
 
+    same_logprobs_as_trainer = True
+
     def __init__(self, model, tokenizer, batch_size: int = 64, seed: int = 0, pack_weights: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        self.pack_weights = pack_weights
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.device = next(model.parameters()).device
+        self.pack_weights = pack_weights and self.device.type == "cpu"  # oneDNN packing is a CPU path
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        # Longest sequence the model has positions for (None: unbounded); the episode loop keeps within it.
+        self.max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0])
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator(self.device).manual_seed(seed)
         self._cache_kwarg = cache_kwarg(getattr(model, "get_base_model", lambda: model)())
+
+    def sync_weights(self) -> None:
+        """Nothing to do: generation runs on the policy's own model, so it always has the latest weights."""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, num_samples: int = 1) -> list[Generation]:
         if num_samples > 1 and params.temperature == 0:
@@ -62,6 +70,7 @@ class HFBackend:
         for i, p in enumerate(prompts):  # left padding keeps every row's next position at the end
             ids[i, width - len(p) :] = torch.tensor(p)
             mask[i, width - len(p) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         logits = self.model(
@@ -78,18 +87,19 @@ class HFBackend:
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logps: list[list[float]] = [[] for _ in range(rows)]
         finish = ["length"] * rows
-        active = torch.arange(rows)  # original row index of each row still in the batch
+        active = torch.arange(rows, device=self.device)  # original row index of each row still in the batch
         next_pos = positions[:, -1] + 1
-        eos = torch.tensor(self.eos_ids)
+        eos = torch.tensor(self.eos_ids, device=self.device)
         for step in range(params.max_new_tokens):
             tok, lp = sample_next(logits, params.temperature, params.top_p, self.generator)
-            done = torch.isin(tok, eos)
+            done = torch.isin(tok, eos).tolist()  # host copies: one transfer each per step on a GPU
             for j, (row, t, l) in enumerate(zip(active.tolist(), tok.tolist(), lp.tolist())):
                 tokens[row].append(t)
                 logps[row].append(l)
                 if done[j] or (params.stop and self._hit_stop(tokens[row], params.stop)):
                     done[j] = True
                     finish[row] = "stop"
+            done = torch.tensor(done, device=self.device)
             if step == params.max_new_tokens - 1:
                 break
             keep = ~done
@@ -114,7 +124,7 @@ class HFBackend:
         return any(s in tail for s in stop)
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
+def eos_token_ids(model, tokenizer) -> list[int]:
     ids: set[int] = set()
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     for value in (gen_eos, tokenizer.eos_token_id):

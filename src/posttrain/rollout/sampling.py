@@ -33,9 +33,9 @@ def sample_next(
     logits = logits.float()
     if temperature == 0:
         tokens = logits.argmax(-1)
-        return tokens, torch.zeros(tokens.shape, dtype=torch.float32)
+        return tokens, torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
     logp = torch.log_softmax(logits / temperature, dim=-1)
     cdf = top_p_filter(logp, top_p).exp().cumsum(-1, dtype=torch.float64)
-    u = torch.rand((logits.shape[0], 1), generator=generator, dtype=torch.float64) * cdf[:, -1:]
+    u = torch.rand((logits.shape[0], 1), generator=generator, dtype=torch.float64, device=logits.device) * cdf[:, -1:]
     tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -8,7 +8,6 @@ policy, a generation backend, a metrics logger, held-out evaluation and checkpoi
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,10 +18,15 @@ import torch
 from posttrain.config import RunConfig
 from posttrain.envs import EnvError, make_env
 from posttrain.eval import EvalResult, evaluate
+from posttrain.eval.evaluate import merge_results
 from posttrain.models import Policy
-from posttrain.rollout import EnvPool, HFBackend, SamplingParams, run_episodes
-from posttrain.train.checkpoint import save_checkpoint
-from posttrain.train.metrics import MetricsLogger
+from posttrain.rollout import EnvPool, HFBackend, SamplingParams, check_backend, make_backend, run_episodes
+from posttrain.rollout.env_workers import RayEnvPool
+from posttrain.rollout.ray_runtime import RayRuntime
+from posttrain.rollout.rollout_workers import RolloutWorkers
+from posttrain.train.checkpoint import checkpoint_path, save_checkpoint
+from posttrain.train.distributed import Distributed
+from posttrain.train.metrics import MetricsLogger, dumps_finite
 from posttrain.types import Task, Trajectory
 
 ProgressHook = Callable[[str, int, int, dict], None]
@@ -58,14 +62,42 @@ class RunContext:
                  checkpoint: str | None = None, generation_batch: int | None = None):
         self.cfg = cfg
         self.progress: ProgressHook = progress or (lambda *a: None)
+        self.dist = Distributed(cfg)
+        if not self.dist.is_main:  # one progress display, from rank 0
+            self.progress = lambda *a: None
         seed_everything(cfg.seed, cfg.train.threads)
         self.run_dir = Path(cfg.output_dir)
-        self.envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs))
-        self.policy = Policy.load(cfg.model, need_reference=need_reference, checkpoint=checkpoint)
-        self.policy.model.eval()  # trainers switch to train mode for their updates only
-        self.backend = HFBackend(self.policy.model, self.policy.tokenizer, generation_batch or cfg.rollout.batch_size,
-                                 cfg.seed, cfg.model.pack_weights)
         self.logger: MetricsLogger | None = None
+        self.ray = RayRuntime(cfg.ray) if cfg.env.workers or cfg.rollout.workers else None
+        self.envs = None
+        try:  # Ray's processes must not outlive a run whose setup fails
+            self.envs = self.make_envs()
+            check_backend(cfg)  # a missing vLLM fails before the model loads
+            self.policy = Policy.load(cfg.model, need_reference=need_reference, checkpoint=checkpoint)
+            self.policy.model.eval()  # trainers switch to train mode for their updates only
+            self.dist.broadcast_parameters(self.policy.model)
+            self.dist.shard_model(self.policy.model)
+            self.backend = self._make_backend(generation_batch)
+        except BaseException:
+            self.close()
+            raise
+
+    def _make_backend(self, generation_batch: int | None):
+        """rollout.workers Ray actors, or the configured engine in this process (HF: seeded per rank)."""
+        cfg, batch = self.cfg, generation_batch or self.cfg.rollout.batch_size
+        if cfg.rollout.workers:
+            return RolloutWorkers(cfg, self.policy, batch)
+        if cfg.rollout.backend == "hf":
+            pack = self.policy.pack_weights and not cfg.train.fsdp  # packing would copy the gathered weights
+            return HFBackend(self.policy.model, self.policy.tokenizer, batch, cfg.seed + self.dist.rank, pack)
+        return make_backend(cfg, self.policy, generation_batch)
+
+    def make_envs(self) -> EnvPool | RayEnvPool:
+        """A pool of env instances: in this process, or in env.workers Ray actors."""
+        env = self.cfg.env
+        if env.workers:
+            return RayEnvPool(env.id, env.kwargs, env.workers, env.step_timeout)
+        return EnvPool(lambda: make_env(env.id, env.kwargs), seed=self.cfg.seed)
 
     # ------------------------------------------------------------------ tasks and rollouts
 
@@ -87,26 +119,43 @@ class RunContext:
         return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
                               stop=tuple(r.stop))
 
-    def rollout(self, tasks: list[Task], params: SamplingParams, samples_per_task: int) -> list[Trajectory]:
-        """``samples_per_task`` episodes of each task under the config's turn, context and time limits."""
+    def rollout(self, tasks: list[Task], params: SamplingParams, samples_per_task: int,
+                max_turns: int | None = None) -> list[Trajectory]:
+        """``samples_per_task`` episodes of each task under the config's turn (or ``max_turns``), context
+        and time limits."""
         cfg = self.cfg
         return run_episodes(self.envs, self.backend, self.policy.tokenizer, tasks, params, samples_per_task,
-                            cfg.rollout.max_turns, cfg.rollout.max_context_tokens, cfg.env.step_timeout,
+                            max_turns or cfg.rollout.max_turns, cfg.rollout.max_context_tokens, cfg.env.step_timeout,
                             cfg.env.success_reward)
 
     # ------------------------------------------------------------------ the run directory
 
-    def start_run(self) -> MetricsLogger:
-        """Create the run directory, record the config, open the metrics logger."""
+    def start_run(self) -> MetricsLogger | None:
+        """Create the run directory, record the config, open the metrics logger (rank 0 only)."""
+        if not self.dist.is_main:
+            return None
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(self.cfg.model_dump_json(indent=2))
-        self.logger = MetricsLogger(self.run_dir)
+        self.logger = MetricsLogger(self.run_dir, self.cfg.logging, self.cfg.model_dump(mode="json"))
         return self.logger
 
     def close(self) -> None:
+        """Close the logger, stop env and rollout workers and a Ray this run started (safe to call twice)."""
         if self.logger is not None:
             self.logger.close()
             self.logger = None
+        for part in (self.envs, getattr(self, "backend", None)):
+            if part is not None and hasattr(part, "close"):
+                part.close()
+        if self.ray is not None:
+            self.ray.close()
+        self.dist.close()
+
+    def __enter__(self) -> "RunContext":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def log(self, split: str, step: int, metrics: dict[str, float]) -> None:
         if self.logger is not None:
@@ -127,18 +176,48 @@ class RunContext:
                 on_progress(n)
 
         cfg = self.cfg
-        result = evaluate(self.envs, self.backend, self.policy.tokenizer, tasks, cfg.eval, cfg.rollout,
-                          cfg.env.step_timeout, tick, cfg.env.success_reward)
+        self.backend.sync_weights()  # an engine with its own copy of the weights gets the latest
+        # Sampled evaluations draw from a generator of their own, seeded by the step: they never shift
+        # the training samples (so eval settings do not change a run, and a resumed run evaluates as an
+        # uninterrupted one), and an evaluation at step N is reproducible. HFBackend keeps its sampling
+        # RNG in ``generator``; a backend without one samples as it does.
+        generator = getattr(self.backend, "generator", None)
+        saved = generator.get_state() if isinstance(generator, torch.Generator) else None
+        if saved is not None:
+            generator.manual_seed(cfg.seed * 1_000_003 + step + self.dist.rank)
+        try:
+            with self.dist.full_weights(self.policy.model):  # each rank its share of the tasks, then gathered
+                share = evaluate(self.envs, self.backend, self.policy.tokenizer, self.dist.shard(tasks), cfg.eval,
+                                 cfg.rollout, cfg.env.step_timeout, tick, cfg.env.success_reward)
+        finally:
+            if saved is not None:
+                generator.set_state(saved)
+        result = merge_results(self.dist.gather(share))
         self.progress("eval", len(tasks), len(tasks), {"step": step, **result.metrics()})
         if self.logger is not None:
             self.logger.log("eval", step, result.metrics())
             samples = self.run_dir / "eval_samples" / f"step-{step:06d}.jsonl"
             samples.parent.mkdir(parents=True, exist_ok=True)
-            samples.write_text("".join(json.dumps(s) + "\n" for s in result.samples))
+            samples.write_text("".join(dumps_finite(s) + "\n" for s in result.samples))
         return result
 
     def save_checkpoint(self, step: int, optimizer, scheduler, extra: dict) -> Path:
-        return save_checkpoint(self.run_dir, step, self.policy, optimizer, scheduler, extra)
+        """Rank 0 writes it; with FSDP every rank takes part in gathering the weights, and the sharded
+        optimiser state is left out (FSDP runs do not resume yet)."""
+        extra = {**extra, "rng": {"backend": self.backend.generator.get_state(), "envs": self.envs.rng_states()}}
+        full = self.dist.full_state_dict(self.policy.model)
+        if self.dist.is_main:
+            save_checkpoint(self.run_dir, step, self.policy, None if self.dist.fsdp else optimizer, scheduler, extra,
+                            full, self.cfg.model_dump_json(indent=2))
+        return checkpoint_path(self.run_dir, step)
+
+    def restore_rngs(self, state: dict) -> None:
+        """Python's, torch's, the backend's and every env instance's generators, as a checkpoint saved them."""
+        random.setstate(state["python_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        self.backend.generator.set_state(state["rng"]["backend"])
+        self.envs.load_rng_states(state["rng"]["envs"])
 
     def write_summary(self, summary: dict) -> None:
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if self.dist.is_main:
+            (self.run_dir / "summary.json").write_text(dumps_finite(summary, indent=2))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -28,6 +29,7 @@ from posttrain.eval import EvalResult
 from posttrain.models import Policy
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
 from posttrain.train.optimizer import adamw, lr_schedule
+from posttrain.train.stopping import RunGuard
 from posttrain.train.stats import RunningStats
 from posttrain.types import Batch, Trajectory
 
@@ -71,6 +73,7 @@ class OfflineTrainer:
         self.ctx = RunContext(cfg, progress, generation_batch=cfg.eval.batch_size)
         self.policy = self.ctx.policy
         self.eval_tasks = self.ctx.tasks("eval")
+        self.skipped_parts: list[tuple[str, str]] = []  # (store part, why it was left out)
         self.examples, self.labels = self._load_examples()
         self.optimizer = adamw(self.policy.trainable_parameters(), self.off.learning_rate, cfg.train.weight_decay)
         total = self.off.epochs * -(-len(self.examples) // self.off.batch_size)
@@ -91,10 +94,12 @@ class OfflineTrainer:
             return load_demonstrations(self.cfg.sft.demonstrations, self.policy.tokenizer), None
         if not off.store:
             raise ConfigError(f"offline.method={off.method} reads a trajectory store: set offline.store")
-        store = TrajectoryStore(off.store)
-        if not store.files():
-            raise DataError(f"trajectory store {off.store} holds no trajectories (write one with `posttrain collect`)")
+        store = TrajectoryStore(off.store, skip_bad_parts=off.skip_bad_parts)
         trajectories = store.trajectories()
+        self.skipped_parts = store.skipped
+        if not trajectories:
+            raise DataError(f"trajectory store {off.store} holds no readable trajectories (write one with "
+                            "`posttrain collect`)")
         if off.method in PAIRED:
             pairs = preference_pairs(trajectories, off.min_reward_gap, off.max_pairs_per_task)
             if not pairs:
@@ -144,27 +149,30 @@ class OfflineTrainer:
         cfg, off, ctx = self.cfg, self.off, self.ctx
         start = time.time()
         ctx.start_run()
-        try:
-            before = self.evaluate() if cfg.eval.before_training else None
-            t0 = time.time()
-            self.precompute_reference()
-            ctx.log("train", 0, {"examples": float(len(self.examples)), "reference_seconds": time.time() - t0})
-            rng = random.Random(cfg.seed)
-            per_epoch = -(-len(self.examples) // off.batch_size)
-            total = off.epochs * per_epoch
-            for epoch in range(off.epochs):
-                order = list(range(len(self.examples)))
-                rng.shuffle(order)
-                for s in range(0, len(order), off.batch_size):
-                    self.step += 1
-                    metrics = self.train_step(order[s : s + off.batch_size])
-                    metrics["epoch"] = float(epoch + 1)
-                    ctx.log("train", self.step, metrics)
-                    ctx.progress("train", self.step, total, metrics)
-            after = self.evaluate()
-            ctx.save_checkpoint(self.step, self.optimizer, self.scheduler, {"method": off.method})
-        finally:
-            ctx.close()
+        with RunGuard(self.save, lambda: self.step) as guard:  # a signal or a failing disk: save, then stop
+            try:
+                before = self.evaluate() if cfg.eval.before_training else None
+                t0 = time.time()
+                self.precompute_reference()
+                ctx.log("train", 0, {"examples": float(len(self.examples)), "reference_seconds": time.time() - t0})
+                rng = random.Random(cfg.seed)
+                per_epoch = -(-len(self.examples) // off.batch_size)
+                total = off.epochs * per_epoch
+                for epoch in range(off.epochs):
+                    order = list(range(len(self.examples)))
+                    rng.shuffle(order)
+                    for s in range(0, len(order), off.batch_size):
+                        guard.check()
+                        metrics = self.train_step(order[s : s + off.batch_size])
+                        self.step += 1
+                        metrics["epoch"] = float(epoch + 1)
+                        ctx.log("train", self.step, metrics)
+                        ctx.progress("train", self.step, total, metrics)
+                guard.check()
+                after = self.evaluate()
+                self.save()
+            finally:
+                ctx.close()
         result = TrainResult(ctx.run_dir, before, after, self.step, time.time() - start)
         ctx.write_summary({"method": off.method, "examples": len(self.examples), "steps": self.step,
                            "seconds": result.seconds, "before": before.metrics() if before else None,
@@ -173,6 +181,9 @@ class OfflineTrainer:
 
     def evaluate(self) -> EvalResult:
         return self.ctx.evaluate(self.step, self.eval_tasks)
+
+    def save(self) -> Path:
+        return self.ctx.save_checkpoint(self.step, self.optimizer, self.scheduler, {"method": self.off.method})
 
     # ----------------------------------------------------------------- one step
 

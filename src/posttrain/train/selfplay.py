@@ -14,7 +14,6 @@ generation switches adapters per role and each role's trajectories train only it
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from dataclasses import dataclass
@@ -22,16 +21,13 @@ from pathlib import Path
 
 import torch
 
-from posttrain.algorithms import keyed_group_advantages, role_conditioned_advantages
-from posttrain.algorithms import Algorithm, Normaliser
+from posttrain.algorithms import Algorithm, Normaliser, keyed_group_advantages, role_conditioned_advantages
 from posttrain.config import ConfigError, RunConfig
 from posttrain.envs import EnvError, is_multi_agent, make_env
-from posttrain.models import Policy
-from posttrain.rollout import EnvPool, HFBackend, SamplingParams
+from posttrain.rollout import SamplingParams
 from posttrain.rollout.multi_agent import FixedPlayer, LLMPlayer, Player, run_games
-from posttrain.train.checkpoint import save_checkpoint
+from posttrain.train.context import ProgressHook, RunContext
 from posttrain.train.game_metrics import game_metrics
-from posttrain.train.metrics import MetricsLogger
 from posttrain.train.optimizer import adamw, lr_schedule
 from posttrain.train.policy_pool import PolicyPool, adapter_name, add_role_adapters
 from posttrain.types import Batch, GameResult, Task, Trajectory
@@ -47,35 +43,20 @@ class SelfPlayResult:
 
 
 class SelfPlayTrainer:
-    def __init__(self, cfg: RunConfig, progress=None):
+    """The multi-agent trainer, composed from the shared :class:`RunContext` (envs, policy, backend,
+    logger, checkpoints) and :class:`Algorithm` (the clipped-surrogate loss)."""
+
+    def __init__(self, cfg: RunConfig, progress: ProgressHook | None = None):
         self.cfg, ma = cfg, cfg.multi_agent
-        self.progress = progress or (lambda *a: None)
-        if cfg.train.threads:
-            torch.set_num_threads(cfg.train.threads)
-        random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
-        self.run_dir = Path(cfg.output_dir)
-        self.envs = EnvPool(lambda: make_env(cfg.env.id, cfg.env.kwargs))
-        probe = self.envs.take(1)[0]
-        if not is_multi_agent(probe):
-            raise EnvError(f"env {cfg.env.id!r} is single-agent: the multi-agent trainer needs a PettingZoo env")
-        self.roles = list(probe.possible_agents)
+        self.roles = _check_multi_agent(cfg)  # before the model loads: a bad config fails at once
         self.train_roles = ma.train_roles or self.roles
-        unknown = sorted(set(self.train_roles) - set(self.roles))
-        if unknown:
-            raise ConfigError(f"multi_agent.train_roles: {unknown} are not roles of {cfg.env.id} ({self.roles})")
-        fixed = {ma.opponent, *ma.eval_opponents} & {"random", "scripted"}
-        if fixed and not getattr(probe.unwrapped, "fixed_players", False):
-            raise ConfigError(f"{cfg.env.id} has no random or scripted player (asked for {sorted(fixed)}): use "
-                              "multi_agent.opponent=self and multi_agent.eval_opponents=[self]")
-        self.train_tasks, self.eval_tasks = self.envs.tasks("train"), self.envs.tasks("eval")
-        self.policy = Policy.load(cfg.model)
+        self.ctx = RunContext(cfg, progress)
+        self.progress = self.ctx.progress
+        self.envs, self.run_dir, self.policy, self.backend = self.ctx.envs, self.ctx.run_dir, self.ctx.policy, \
+            self.ctx.backend
+        self.train_tasks, self.eval_tasks = self.ctx.train_tasks(), self.ctx.tasks("eval")
         if ma.policies == "per_role":
-            if not cfg.model.lora.enabled:
-                raise ConfigError("multi_agent.policies=per_role needs model.lora.enabled=true (one adapter per role)")
             add_role_adapters(self.policy.model, self.roles)
-        self.backend = HFBackend(self.policy.model, self.policy.tokenizer, cfg.rollout.batch_size, cfg.seed,
-                                 cfg.model.pack_weights)
         # One optimiser step per sampled batch: the loss is on-policy (ratio 1, old log-probs not needed).
         self.algorithm = Algorithm(cfg.algorithm.model_copy(update={"beta": 0.0}),
                                    max_new_tokens=cfg.rollout.max_new_tokens)
@@ -85,8 +66,7 @@ class SelfPlayTrainer:
                                      cfg.train.lr_schedule, cfg.train.min_lr_ratio)
         self.pool = PolicyPool(self.policy.model, self.params, ma.pool_size)
         self.learners = self._learners()
-        self.sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                       max_new_tokens=cfg.rollout.max_new_tokens, stop=tuple(cfg.rollout.stop))
+        self.sampling = self.ctx.sampling()
         self.baselines: dict = {}
         self._task_rng = random.Random(cfg.seed)
         self.step = 0
@@ -105,30 +85,27 @@ class SelfPlayTrainer:
     # ----------------------------------------------------------------- loop
 
     def train(self) -> SelfPlayResult:
-        cfg, start = self.cfg, time.time()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(cfg.model_dump_json(indent=2))
-        logger = MetricsLogger(self.run_dir)
+        cfg, ctx, start = self.cfg, self.ctx, time.time()
+        ctx.start_run()
         try:
-            before = self.evaluate(logger) if cfg.eval.before_training else None
+            before = self.evaluate() if cfg.eval.before_training else None
             while self.step < cfg.train.steps:
                 self.step += 1
                 metrics = self.train_step()
-                logger.log("train", self.step, metrics)
+                ctx.log("train", self.step, metrics)
                 self.progress("train", self.step, cfg.train.steps, metrics)
                 if cfg.multi_agent.opponent == "pool" and self.step % cfg.multi_agent.pool_every == 0:
                     self.pool.add()
                 if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
-                    self.evaluate(logger)
-            after = self.evaluate(logger)
-            save_checkpoint(self.run_dir, self.step, self.policy, self.optimizer, self.scheduler,
-                            {"baselines": {"|".join(k): v for k, v in self.baselines.items()}})
+                    self.evaluate()
+            after = self.evaluate()
+            ctx.save_checkpoint(self.step, self.optimizer, self.scheduler,
+                                {"baselines": {"|".join(k): v for k, v in self.baselines.items()}})
         finally:
             self.pool.activate_live()
-            logger.close()
+            ctx.close()
         result = SelfPlayResult(self.run_dir, before, after, self.step, time.time() - start)
-        summary = {"steps": self.step, "seconds": result.seconds, "before": before, "after": after}
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        ctx.write_summary({"steps": self.step, "seconds": result.seconds, "before": before, "after": after})
         return result
 
     def _next_tasks(self, n: int) -> list[Task]:
@@ -225,15 +202,16 @@ class SelfPlayTrainer:
 
     # ----------------------------------------------------------------- evaluation
 
-    def evaluate(self, logger: MetricsLogger | None = None) -> dict[str, float]:
+    def evaluate(self) -> dict[str, float]:
         """Held-out seeds against each evaluation opponent, the policy in each role in turn."""
         cfg = self.cfg
         params = SamplingParams(temperature=cfg.eval.temperature, max_new_tokens=cfg.eval.max_new_tokens,
                                 stop=tuple(cfg.rollout.stop))
-        tasks = self.eval_tasks[: cfg.multi_agent.eval_games]
+        tasks = self.eval_tasks
         learner_names = {p.name for p in self.learners.values()}
         metrics: dict[str, float] = {}
-        for opponent in cfg.multi_agent.eval_opponents:
+        opponents = cfg.multi_agent.eval_opponents
+        for done, opponent in enumerate(opponents, 1):
             if opponent == "self":
                 games = self.play(tasks, [dict(self.learners) for _ in tasks], params)
             else:
@@ -241,8 +219,28 @@ class SelfPlayTrainer:
                            for seat in self.roles for _ in tasks]
                 games = self.play([t for _ in self.roles for t in tasks], lineups, params)
             metrics.update({f"{opponent}/{k}": v for k, v in game_metrics(games, learner_names).items()})
-            self.progress("eval", len(cfg.multi_agent.eval_opponents), len(cfg.multi_agent.eval_opponents), {})
-        if logger:
-            logger.log("eval", self.step, metrics)
-        self.progress("eval_done", self.step, cfg.train.steps, metrics)
+            self.progress("eval", done, len(opponents), {})
+        self.ctx.log("eval", self.step, metrics)
         return metrics
+
+
+def _check_multi_agent(cfg: RunConfig) -> list[str]:
+    """The env's roles, after checking that the multi_agent section fits the env; ConfigError if not."""
+    ma, env = cfg.multi_agent, make_env(cfg.env.id, cfg.env.kwargs)
+    if not is_multi_agent(env):
+        raise EnvError(f"env {cfg.env.id!r} is single-agent: the multi-agent trainer needs a PettingZoo env")
+    roles = list(env.possible_agents)
+    unknown = sorted(set(ma.train_roles) - set(roles))
+    if unknown:
+        raise ConfigError(f"multi_agent.train_roles: {unknown} are not roles of {cfg.env.id} ({roles})")
+    fixed = {ma.opponent, *ma.eval_opponents} & {"random", "scripted"}
+    if fixed and not getattr(env.unwrapped, "fixed_players", False):
+        raise ConfigError(f"{cfg.env.id} has no random or scripted player (asked for {sorted(fixed)}): use "
+                          "multi_agent.opponent=self and multi_agent.eval_opponents=[self]")
+    if cfg.rollout.backend != "hf":
+        raise ConfigError("self-play generates with rollout.backend=hf (it switches LoRA adapters per seat); "
+                          f"got rollout.backend={cfg.rollout.backend}")
+    if ma.policies == "per_role" and not cfg.model.lora.enabled:
+        raise ConfigError("multi_agent.policies=per_role needs model.lora.enabled=true (one adapter per role)")
+    env.close()
+    return roles

@@ -9,25 +9,31 @@ eval mode for generation, evaluation and the no-gradient passes.
 
 from __future__ import annotations
 
-import random
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 import torch
 
 from posttrain.algorithms import Algorithm, Normaliser
 from posttrain.algorithms.preference import sft_loss
-from posttrain.config import RunConfig
+from posttrain.config import ConfigError, RunConfig
 from posttrain.data.demonstrations import load_demonstrations
 from posttrain.data.store import TrajectoryStore
 from posttrain.envs.contract import step_metrics
 from posttrain.eval import EvalResult
 from posttrain.models.value import Critic
+from posttrain.rewards.composition import RewardComposer
+from posttrain.rollout.episodes import raise_if_all_failed
+from posttrain.train.async_rollout import AsyncSampler
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
+from posttrain.train.curriculum import scheduled_max_turns, task_sampler
 from posttrain.train.optimizer import adamw, lr_schedule
+from posttrain.train.resume import check_resumable, cut_run_dir, latest_checkpoint, load_weights
+from posttrain.train.stopping import RunGuard
 from posttrain.train.stats import RunningStats
-from posttrain.types import Batch, Task, Trajectory
+from posttrain.types import Batch, Rewards, Trajectory
 
 
 def optimizer_steps_per_batch(cfg: RunConfig) -> int:
@@ -38,33 +44,55 @@ def optimizer_steps_per_batch(cfg: RunConfig) -> int:
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, progress: ProgressHook | None = None):
+    """``resume``: a run directory to continue from its newest complete checkpoint (see train.resume)."""
+
+    def __init__(self, cfg: RunConfig, progress: ProgressHook | None = None, resume: str | Path | None = None):
+        checkpoint = None
+        if resume is not None:
+            checkpoint = latest_checkpoint(Path(resume))
+            check_resumable(checkpoint, cfg)  # before any model is loaded: a refused resume costs nothing
+            if cfg.train.async_steps or cfg.train.fsdp:
+                raise ConfigError("--resume: runs with train.async_steps or train.fsdp cannot resume exactly yet "
+                                  "(in-flight rollouts and sharded optimiser state are not checkpointed)")
+            cfg = cfg.model_copy(update={"output_dir": str(resume)})
         self.cfg = cfg
         self.algorithm = Algorithm(cfg.algorithm, max_new_tokens=cfg.rollout.max_new_tokens,
                                    optimizer_steps_per_batch=optimizer_steps_per_batch(cfg))
         self.ctx = RunContext(cfg, progress, need_reference=self.algorithm.needs_reference)
         self.policy = self.ctx.policy
-        self.train_tasks = self.ctx.train_tasks()
+        self.dist = self.ctx.dist  # data parallel: this rank's share of tasks, batch and gradient
+        self.train_tasks = self.dist.shard(self.ctx.train_tasks())
+        self.tasks_per_step = cfg.train.tasks_per_step // self.dist.world
         self.eval_tasks = self.ctx.tasks("eval")
         self.critic = Critic(self.policy.model, cfg.algorithm.value_model) if self.algorithm.needs_critic else None
         groups = [{"params": self.policy.trainable_parameters()}]
         if self.critic is not None:
             groups.append({"params": list(self.critic.parameters()),
                            "lr": cfg.algorithm.value_learning_rate or cfg.train.learning_rate})
-        self.optimizer = adamw(groups, cfg.train.learning_rate, cfg.train.weight_decay)
+        self.optimizer = adamw(groups, cfg.train.learning_rate, cfg.train.weight_decay, fused=not cfg.train.fsdp)
         self.scheduler = lr_schedule(self.optimizer, cfg.train.warmup_steps,
                                      cfg.train.steps * optimizer_steps_per_batch(cfg), cfg.train.lr_schedule,
                                      cfg.train.min_lr_ratio)
         self.sampling = self.ctx.sampling()
-        self._task_rng = random.Random(cfg.seed)
-        self._task_order: list[int] = []
+        # The reward hook: trajectories -> composed rewards, step rewards, dense process rewards, metrics.
+        self.reward = RewardComposer(cfg.reward)
+        self.scored = Rewards(total=[], step_rewards=[], dense=[])  # of the batch sample() last returned
+        self.tasks = task_sampler(self.train_tasks, cfg.curriculum, cfg.seed)
+        self._max_turns = cfg.rollout.max_turns  # this step's turn limit (curriculum.turns_start schedules it)
         self.step = 0
-        self.store = TrajectoryStore(cfg.store.path or self.ctx.run_dir / "trajectories") if cfg.store.write else None
+        self.store = (TrajectoryStore(cfg.store.path or self.ctx.run_dir / "trajectories")
+                      if cfg.store.write and self.dist.is_main else None)
         self.run_id = f"{self.ctx.run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        self.run_ids = [self.run_id]  # every process of this run, resumed ones included (store rows)
         # Demonstrations whose SFT loss is mixed into every update, to keep base abilities.
         self.demonstrations = (load_demonstrations(cfg.sft.demonstrations, self.policy.tokenizer)
                                if cfg.sft.weight > 0 else [])
         self._next_demo = 0
+        self.updates = 0  # the policy version: updates made so far
+        self.async_sampler: AsyncSampler | None = None  # train.async_steps: started by train()
+        self.resumed_from = checkpoint
+        if checkpoint is not None:
+            self.restore(checkpoint)
 
     # ----------------------------------------------------------------- the loop
 
@@ -72,22 +100,34 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         start = time.time()
         ctx.start_run()
-        try:
-            before = self.evaluate() if cfg.eval.before_training else None
-            while self.step < cfg.train.steps:
-                self.step += 1
-                metrics = self.train_step()
-                ctx.log("train", self.step, metrics)
-                ctx.progress("train", self.step, cfg.train.steps, metrics)
-                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
-                    self.evaluate()
-                if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+        # A signal, a failing disk or a step without one working episode stops the run, saved first.
+        with RunGuard(self.save, lambda: self.step) as guard:
+            try:
+                before = self.evaluate() if cfg.eval.before_training and self.resumed_from is None else None
+                if before is not None:
+                    before.raise_if_all_failed("before training")
+                if cfg.train.async_steps:
+                    self.async_sampler = AsyncSampler(ctx, self._sample_with_scores, cfg.train.steps - self.step,
+                                                      cfg.train.async_steps)
+                while self.step < cfg.train.steps:
+                    guard.check()
+                    metrics = self.train_step()  # raises EpisodesFailed before updating if every episode failed
+                    self.step += 1
+                    ctx.log("train", self.step, metrics)
+                    ctx.progress("train", self.step, cfg.train.steps, metrics)
+                    if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
+                        self.evaluate()
+                    if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+                        self.save()
+                guard.check()
+                after = self.evaluate()
+                after.raise_if_all_failed(f"after step {self.step}")
+                if not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every:
                     self.save()
-            after = self.evaluate()
-            if not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every:
-                self.save()
-        finally:
-            ctx.close()
+            finally:
+                if self.async_sampler is not None:
+                    self.async_sampler.close()
+                ctx.close()
         result = TrainResult(ctx.run_dir, before, after, self.step, time.time() - start)
         ctx.write_summary({"steps": self.step, "seconds": result.seconds,
                            "before": before.metrics() if before else None, "after": after.metrics()})
@@ -97,22 +137,49 @@ class Trainer:
         return self.ctx.evaluate(self.step, self.eval_tasks)
 
     def save(self):
-        extra = {"task_rng": self._task_rng.getstate(), "task_order": self._task_order,
-                 "algorithm": self.algorithm.state_dict()}
+        extra = {"tasks": self.tasks.state_dict(), "algorithm": self.algorithm.state_dict(),
+                 "next_demo": self._next_demo, "run_ids": self.run_ids}
         if self.critic is not None:
             extra["critic"] = self.critic.state_dict()
         return self.ctx.save_checkpoint(self.step, self.optimizer, self.scheduler, extra)
 
+    def restore(self, checkpoint: Path) -> None:
+        """Continue exactly where ``checkpoint`` left off; the run directory is cut back to its step."""
+        state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+        load_weights(self.policy, checkpoint / "model")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.tasks.load_state_dict(state["tasks"])
+        self.algorithm.load_state_dict(state["algorithm"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+        self._next_demo = state["next_demo"]
+        self.step = state["step"]
+        self.run_ids = [*state["run_ids"], self.run_id]
+        self.ctx.restore_rngs(state)
+        cut_run_dir(self.ctx.run_dir, self.step, self.store, set(self.run_ids))
+
     def train_step(self) -> dict[str, float]:
         """One step: sample groups, score them, let the algorithm prepare the batch, update, report."""
         t0 = time.time()
-        trajectories, rewards, metrics = self.sample()
-        metrics["generation_seconds"] = time.time() - t0
+        with self.dist.full_weights(self.policy.model):  # FSDP: generation and scoring on gathered weights
+            trajectories, rewards, metrics = self._next_batch()
+            metrics["generation_seconds"] = time.time() - t0  # async: the wait for the sampler
+            if trajectories:
+                batch = self.batch(trajectories)
+                sampled = self.behaviour_logprobs(batch, trajectories)
+                # The trainer's own log-probs unless another engine (vLLM) or an older policy (async) sampled.
+                own = self.ctx.backend.same_logprobs_as_trainer and self.async_sampler is None
+                metrics.update(self.algorithm.prepare(batch, rewards, self.scored.step_rewards, self,
+                                                      sampled if own else None, None if own else sampled,
+                                                      dense=self.scored.dense))
         if trajectories:
-            batch = self.batch(trajectories)
-            metrics.update(self.algorithm.prepare(batch, rewards, [t.step_rewards for t in trajectories], self,
-                                                  self.behaviour_logprobs(batch, trajectories)))
-            metrics.update(self.update(batch))
+            with self.async_sampler.updating() if self.async_sampler else nullcontext():
+                metrics.update(self.update(batch))
+            self.updates += 1
+            t_sync = time.time()
+            self.ctx.backend.sync_weights()  # the next rollout samples from the updated policy
+            metrics["weight_sync_seconds"] = time.time() - t_sync
             self.algorithm.after_step(metrics, len(trajectories))
         else:
             metrics.update(loss=0.0, grad_norm=0.0, optimizer_steps=0.0)
@@ -124,68 +191,101 @@ class Trainer:
 
     # ----------------------------------------------------------------- sample and score
 
-    def next_tasks(self, n: int) -> list[Task]:
-        """Draw tasks without replacement, reshuffling the training split each epoch."""
-        picked = []
-        for _ in range(n):
-            if not self._task_order:
-                self._task_order = list(range(len(self.train_tasks)))
-                self._task_rng.shuffle(self._task_order)
-            picked.append(self.train_tasks[self._task_order.pop()])
-        return picked
-
-    def sample(self) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
-        """Roll out tasks_per_step groups and score them; when the algorithm drops groups without
-        signal (DAPO's dynamic sampling), sample more tasks until the batch is full or the rounds run out."""
+    def sample(self, rollout=None) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
+        """Roll out tasks_per_step groups and score them with the reward hook (``reward`` config); when
+        the algorithm drops groups without signal (DAPO's dynamic sampling), sample more tasks until the
+        batch is full or the rounds run out. Returns the kept trajectories, their shaped rewards and the
+        metrics; ``self.scored`` keeps the kept trajectories' step and dense rewards.
+        ``rollout(tasks, params, n)`` samples (the asynchronous sampler passes its own)."""
         cfg, algo = self.cfg, self.algorithm
+        rollout = rollout or self._rollout
         g = cfg.algorithm.group_size
         kept: list[Trajectory] = []
         kept_rewards: list[torch.Tensor] = []
+        kept_scored = Rewards(total=[], step_rewards=[], dense=[])
+        reward_stats = RunningStats()
         sampled: list[Trajectory] = []
         flat_count = rounds = 0
-        while len(kept) < cfg.train.tasks_per_step * g and rounds < algo.max_sampling_rounds:
+        c = cfg.curriculum
+        step = self.step + 1  # the step being sampled for (self.step counts finished ones)
+        # The turn-limit schedule applies to this process's rollouts (the asynchronous sampler keeps its own).
+        self._max_turns = scheduled_max_turns(step, cfg.rollout.max_turns, c.turns_start, c.turns_increase,
+                                              c.turns_every)
+        while len(kept) < self.tasks_per_step * g and rounds < algo.max_sampling_rounds:
             rounds += 1
-            trajectories = self.ctx.rollout(self.next_tasks(cfg.train.tasks_per_step - len(kept) // g),
-                                            self.sampling, g)
+            trajectories = rollout(self.tasks.sample(self.tasks_per_step - len(kept) // g), self.sampling, g)
+            self.tasks.observe(trajectories)
             sampled += trajectories
-            if self.store is not None:  # policy version: optimiser steps taken by the sampling policy
-                self.store.append(trajectories, self.run_id, policy_version=self.scheduler.last_epoch)
-            rewards = algo.shaped_rewards(torch.tensor([t.reward for t in trajectories]),
-                                          torch.tensor([t.num_sampled_tokens for t in trajectories]))
+            scored = self.reward(trajectories, g)
+            for key, value in scored.metrics.items():
+                reward_stats.add(key, value, len(trajectories))
+            device = self.policy.device
+            rewards = algo.shaped_rewards(torch.tensor(scored.total, device=device),
+                                          torch.tensor([t.num_sampled_tokens for t in trajectories], device=device))
             flat = algo.flat_groups(rewards)
             flat_count += int(flat.sum())
             for k in range(len(trajectories) // g):
                 if algo.drops_flat_groups and flat[k]:
                     continue
-                kept += trajectories[k * g : (k + 1) * g]
-                kept_rewards.append(rewards[k * g : (k + 1) * g])
-        info = {"sampling_rounds": float(rounds), "zero_variance_groups": flat_count / (len(sampled) // g)}
-        rewards = torch.cat(kept_rewards) if kept_rewards else torch.zeros(0)
-        return kept, rewards, {**info, **rollout_metrics(sampled)}
+                group = slice(k * g, (k + 1) * g)
+                kept += trajectories[group]
+                kept_rewards.append(rewards[group])
+                kept_scored.total += scored.total[group]
+                kept_scored.step_rewards += scored.step_rewards[group]
+                kept_scored.dense += scored.dense[group]
+        everyone = [t for part in self.dist.gather(sampled) for t in part]  # data parallel: all ranks' samples
+        if self.store is not None:  # policy version: optimiser steps taken by the sampling policy
+            for t in everyone:
+                t.metadata["step"] = step
+            self.store.append(everyone, self.run_id, policy_version=self.scheduler.last_epoch)
+        info = {"sampling_rounds": float(rounds), "zero_variance_groups": flat_count / (len(sampled) // g),
+                "max_turns": float(self._max_turns), **self.tasks.metrics()}
+        rewards = torch.cat(kept_rewards) if kept_rewards else torch.zeros(0, device=self.policy.device)
+        raise_if_all_failed(everyone, f"training step {self.step + 1}")  # nothing to learn from: stop, say why
+        self.scored = kept_scored
+        return kept, rewards, {**info, **rollout_metrics(everyone), **reward_stats.result()}
+
+    def _sample_with_scores(self, rollout):
+        """``sample(rollout)`` and its ``self.scored``, as one item for the asynchronous sampler's queue."""
+        return (*self.sample(rollout), self.scored)
+
+    def _next_batch(self) -> tuple[list[Trajectory], torch.Tensor, dict[str, float]]:
+        """This step's batch: sampled now, or (train.async_steps) the background sampler's next one."""
+        if self.async_sampler is None:
+            return self.sample()
+        trajectories, rewards, metrics, self.scored = self.async_sampler.next()
+        return trajectories, rewards, metrics
+
+    def _rollout(self, tasks: list[Task], params, n: int) -> list[Trajectory]:
+        trajectories = self.ctx.rollout(tasks, params, n, self._max_turns)
+        for t in trajectories:
+            t.policy_version = self.updates
+        return trajectories
 
     def batch(self, trajectories: list[Trajectory]) -> Batch:
         """Padded tensors of the trajectories. A trajectory cut short by an environment failure says
         nothing about the policy's answer: it counts in its group's statistics (as reward 0) but its
         tokens are not trained on."""
-        batch = Batch.from_trajectories(trajectories, self.policy.pad_id)
-        failed = torch.tensor([t.error is not None for t in trajectories])
+        batch = Batch.from_trajectories(trajectories, self.policy.pad_id, self.policy.device)
+        failed = torch.tensor([t.error is not None for t in trajectories], device=batch.device)
         batch.loss_mask = batch.loss_mask * (~failed).unsqueeze(-1)
         return batch
 
     def behaviour_logprobs(self, batch: Batch, trajectories: list[Trajectory]) -> torch.Tensor | None:
         """The sampler's log-probabilities as ``[B, T]``, when they are the policy's own.
 
-        The policy has not changed since it sampled, so when it sampled from its own distribution
-        (temperature 1, no top-p) these equal a fresh forward pass, which is then not needed; with
-        another temperature or top-p they are of another distribution, and this returns None.
+        Synchronously the policy has not changed since it sampled, so when it sampled from its own
+        distribution (temperature 1, no top-p) these equal a fresh forward pass, which is then not
+        needed; with another temperature or top-p they are of another distribution, and this returns
+        None. Asynchronously they are the behaviour policy's, for the importance weights.
         """
         if self.sampling.temperature != 1.0 or self.sampling.top_p < 1.0:
             return None
-        out = torch.zeros_like(batch.loss_mask)
+        out = torch.zeros(batch.loss_mask.shape)  # filled on the host, moved once
         for i, t in enumerate(trajectories):
             start = len(t.prompt_ids)
             out[i, start : start + len(t.behaviour_logprobs)] = torch.tensor(t.behaviour_logprobs)
-        return out * batch.loss_mask
+        return out.to(batch.device) * batch.loss_mask
 
     # ----------------------------------------------------------------- no-gradient passes (BatchScorer)
 
@@ -226,23 +326,27 @@ class Trainer:
         """num_iterations passes of minibatch updates over one prepared batch."""
         t0 = time.time()
         keep = self.algorithm.trained_rows(batch)
-        minibatch = self.cfg.train.minibatch_size or len(batch)
+        minibatch = self.cfg.train.minibatch_size // self.dist.world or len(batch)
         stats = RunningStats()
-        if keep.numel():
+        dist = self.dist  # data parallel: counts are summed over ranks, so every rank takes the same steps
+        if dist.sum(keep.numel()):
             active = batch.select(keep)
             # Minibatches are cut from the full batch, so each keeps its own normaliser (the
-            # sampled tokens of all its rows, skipped ones included).
+            # sampled tokens of all its rows, skipped ones included, on every rank).
             owner = keep // minibatch
             with self._training_mode():
                 for _ in range(self.cfg.algorithm.num_iterations):
-                    for mb_index in range(-(-len(batch) // minibatch)):
+                    for mb_index in range(dist.max(-(-len(batch) // minibatch))):
                         rows = (owner == mb_index).nonzero().squeeze(-1)
-                        if rows.numel() == 0:
+                        if dist.sum(rows.numel()) == 0:
                             continue
                         full = batch.loss_mask[mb_index * minibatch : (mb_index + 1) * minibatch]
-                        norm = Normaliser(tokens=float(full.sum().clamp(min=1)), sequences=float(full.shape[0]))
-                        self._minibatch_step(active.select(rows), norm, stats)
+                        norm = Normaliser(tokens=max(dist.sum(float(full.sum())), 1.0),
+                                          sequences=dist.sum(float(full.shape[0])))
+                        self._minibatch_step(active.select(rows), norm, stats, pad=batch.select(slice(0, 1)))
         out = stats.result()
+        if "loss" in out:
+            out["loss"] = dist.sum(out["loss"])  # each rank's share of the global loss
         out.setdefault("loss", 0.0)  # nothing contributed: the loss and gradient are exactly zero
         out.setdefault("grad_norm", 0.0)
         out["optimizer_steps"] = float(stats.count("grad_norm"))
@@ -259,17 +363,22 @@ class Trainer:
             outputs = outputs._replace(values=values)
         return outputs
 
-    def _minibatch_step(self, mb: Batch, norm: Normaliser, stats: RunningStats) -> None:
+    def _minibatch_step(self, mb: Batch, norm: Normaliser, stats: RunningStats, pad: Batch) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         # Micro-batches keep the batch order, so the samples of one group stay together and
         # share a single forward of their prompt.
         size = self.cfg.train.microbatch_size
         loss_total = 0.0
-        for s in range(0, len(mb), size):
-            micro = mb.select(slice(s, s + size))
+        # FSDP: every rank runs as many micro-batches (collectives in forward and backward); a rank
+        # with fewer pads with a row whose loss counts 0.
+        micro_batches = self.dist.max(-(-len(mb) // size)) if self.dist.fsdp else -(-len(mb) // size)
+        for s in range(0, micro_batches * size, size):
+            micro = mb.select(slice(s, s + size)) if s < len(mb) else pad
             outputs = self._forward(micro)
             result = self.algorithm.loss(outputs, micro, norm)
-            result.loss.backward()
+            (result.loss if s < len(mb) else 0.0 * result.loss).backward()
+            if s >= len(mb):
+                continue
             loss_total += result.loss.item()
             n = float(micro.loss_mask.sum())
             stats.add("entropy", float((outputs.entropy.detach() * micro.loss_mask).sum()) / max(n, 1.0), n)
@@ -279,6 +388,7 @@ class Trainer:
             sft = self._sft_backward()
             stats.add("sft_loss", sft)
             loss_total += self.cfg.sft.weight * sft
+        self.dist.sum_gradients([p for group in self.optimizer.param_groups for p in group["params"]])
         self._clip_gradients(stats)
         self.optimizer.step()
         self.scheduler.step()
@@ -288,20 +398,18 @@ class Trainer:
         """Clip the policy's and the critic's gradients each to train.max_grad_norm, separately: one
         norm over both would let large value-loss gradients shrink every policy step."""
         limit = self.cfg.train.max_grad_norm
-        stats.add("grad_norm", float(torch.nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], limit)))
-        if self.critic is not None:
-            critic = self.optimizer.param_groups[1]["params"]
-            stats.add("critic_grad_norm", float(torch.nn.utils.clip_grad_norm_(critic, limit)))
+        for name, group in zip(("grad_norm", "critic_grad_norm"), self.optimizer.param_groups):
+            stats.add(name, self.dist.clip_grad_norm(group["params"], limit))
 
     def _sft_backward(self) -> float:
         """Backward of sft.weight x the NLL of the next sft.batch_size demonstrations; returns the NLL."""
         n = self.cfg.sft.batch_size
         demos = [self.demonstrations[(self._next_demo + i) % len(self.demonstrations)] for i in range(n)]
         self._next_demo = (self._next_demo + n) % len(self.demonstrations)
-        batch = Batch.from_trajectories(demos, self.policy.pad_id)
+        batch = Batch.from_trajectories(demos, self.policy.pad_id, self.policy.device)
         lp, _ = self.policy.logprobs(batch.input_ids, batch.attention_mask, batch.loss_mask, batch.prompt_lengths)
         nll = sft_loss(lp, batch.loss_mask)
-        (self.cfg.sft.weight * nll).backward()
+        (self.cfg.sft.weight / self.dist.world * nll).backward()  # data parallel: summed over ranks
         return nll.item()
 
 
@@ -321,6 +429,7 @@ def rollout_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
         "truncated_fraction": sum(t.finish_reason == "length" for t in trajectories) / n,
         "errors": float(sum(t.error is not None for t in trajectories)),
         "env_timeouts": float(sum(t.error_kind == "timeout" for t in trajectories)),
+        "env_workers_lost": float(sum(t.error_kind == "worker_lost" for t in trajectories)),
         "turns_mean": sum(len(t.steps) for t in trajectories) / n,
     }
     for t in trajectories:

@@ -1,0 +1,156 @@
+"""Web actions in BrowserGym's text syntax, parsed from model output and run on a page.
+
+An action is one Python-style call with literal arguments, e.g. ``click('12')`` or
+``fill('7', 'blue shirt')``. Model output usually has more around it (a thought, a code fence,
+several tries), so the parser takes the last well-formed call of a known action in the text.
+Anything else is an :class:`ActionError` whose message says what was expected; the environment
+turns it into the next observation, never into an exception.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from urllib.parse import urljoin, urlsplit
+
+from playwright.async_api import Page
+
+from posttrain.envs.web.observation import BID
+
+# name -> the argument types it takes, in order
+SIGNATURES: dict[str, tuple[type, ...]] = {
+    "click": (str,),
+    "fill": (str, str),
+    "select_option": (str, str),
+    "press": (str, str),
+    "scroll": (float, float),
+    "go_back": (),
+    "goto": (str,),
+    "send_msg_to_user": (str,),
+    "noop": (),
+}
+USAGE = ("click('bid'), fill('bid', 'text'), select_option('bid', 'option'), press('bid', 'Enter'), "
+         "scroll(dx, dy), go_back(), goto('url'), send_msg_to_user('answer'), noop()")
+_CALL_START = re.compile(r"\b(" + "|".join(SIGNATURES) + r")\s*\(")
+
+
+class ActionError(ValueError):
+    """An action that cannot be parsed or run; the message is shown to the agent."""
+
+
+@dataclass(frozen=True)
+class Action:
+    name: str
+    args: tuple
+
+
+def _call_end(text: str, open_paren: int) -> int | None:
+    """Index just past the parenthesis closing the one at ``open_paren`` (strings skipped)."""
+    depth, quote, i = 0, None, open_paren
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
+
+
+def _literal_call(source: str) -> Action:
+    try:
+        call = ast.parse(source.strip(), mode="eval").body
+        assert isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and not call.keywords
+        args = tuple(ast.literal_eval(a) for a in call.args)
+    except (SyntaxError, ValueError, AssertionError, TypeError):
+        raise ActionError(f"{source.strip()!r} is not a call with literal arguments; expected one of: {USAGE}") from None
+    name, expected = call.func.id, SIGNATURES[call.func.id]
+    if len(args) != len(expected):
+        raise ActionError(f"{name}() takes {len(expected)} argument(s), got {len(args)}; expected one of: {USAGE}")
+    checked = []
+    for arg, kind in zip(args, expected):
+        if kind is float and isinstance(arg, (int, float)) and not isinstance(arg, bool):
+            checked.append(float(arg))
+        elif kind is str and isinstance(arg, (str, int)) and not isinstance(arg, bool):
+            checked.append(str(arg))  # click(12) means click('12')
+        else:
+            raise ActionError(f"{name}(): argument {arg!r} should be a {'number' if kind is float else 'string'}")
+    return Action(name, tuple(checked))
+
+
+def parse_action(text: str) -> Action:
+    """The last well-formed action call in ``text``; ActionError when there is none."""
+    starts = list(_CALL_START.finditer(text))
+    if not starts:
+        raise ActionError(f"no action found; reply with one of: {USAGE}")
+    error: ActionError | None = None
+    for match in reversed(starts):
+        end = _call_end(text, match.end() - 1)
+        if end is None:
+            error = error or ActionError(f"unclosed parenthesis in {text[match.start():match.start() + 60]!r}")
+            continue
+        try:
+            return _literal_call(text[match.start():end])
+        except ActionError as e:
+            error = error or e
+    raise error  # type: ignore[misc]
+
+
+def same_site(url: str, site: str) -> bool:
+    """Whether ``url`` stays on ``site`` (same scheme, host and port)."""
+    a, b = urlsplit(url), urlsplit(site)
+    return (a.scheme, a.netloc) == (b.scheme, b.netloc)
+
+
+async def run_action(page: Page, action: Action, site: str, timeout_s: float = 1.0, load_timeout_s: float = 20.0) -> None:
+    """Perform ``action`` on ``page``; ActionError (for the agent) when it cannot be done.
+
+    ``send_msg_to_user`` does nothing here: the environment reads the message.
+    """
+    ms = timeout_s * 1000
+    name, args = action.name, action.args
+    locator = page.locator(f'[{BID}="{args[0]}"]') if name in ("click", "fill", "select_option", "press") else None
+    if locator is not None and await locator.count() == 0:
+        raise ActionError(f"{name}: no element with bid '{args[0]}' on this page")
+    try:
+        if name == "click":
+            await locator.click(timeout=ms)
+        elif name == "fill":
+            await locator.fill(args[1], timeout=ms)
+        elif name == "select_option":
+            await locator.select_option(args[1], timeout=ms)
+        elif name == "press":
+            await locator.press(args[1], timeout=ms)
+        elif name == "scroll":
+            await page.mouse.wheel(args[0], args[1])
+        elif name == "go_back":
+            await page.go_back(timeout=load_timeout_s * 1000)
+        elif name == "goto":
+            target = urljoin(page.url if page.url.startswith("http") else site, args[0])
+            if not same_site(target, site):
+                raise ActionError(f"goto: {args[0]!r} is outside the site ({site}); only its own pages can be opened")
+            await page.goto(target, timeout=load_timeout_s * 1000)
+    except ActionError:
+        raise
+    except Exception as e:  # noqa: BLE001 - Playwright's errors (timeouts, wrong element kind) go to the agent
+        raise ActionError(f"{name}({', '.join(map(repr, args))}) failed: {_first_line(e)}") from None
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    # Playwright puts the reason first and a call log after; the log's last line says what blocked it.
+    head = lines[0] if lines else type(error).__name__
+    if len(lines) > 2 and "intercepts pointer events" in text:
+        head += " (another element covers it)"
+    return head[:300]

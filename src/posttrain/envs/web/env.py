@@ -1,0 +1,213 @@
+"""The web environment: a gymnasium.Env whose agent reads a page as text and acts on it by bid.
+
+Each episode runs in a fresh browser context of the process's shared Chromium
+(:mod:`posttrain.envs.web.browser`). ``reset`` opens the task's page and returns the
+instructions, the goal and the page; each ``step`` parses one action from the model's text,
+performs it, and returns the page as it is now, with ``last_action_error`` saying what went
+wrong if anything did. The context is closed when the episode ends, when the next one starts,
+when a call fails, and at ``close()``.
+
+Subclasses (MiniWoB++, the shop) say how an episode starts (:meth:`WebEnv._start`) and what an
+action earned (:meth:`WebEnv._outcome`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium as gym
+from gymnasium.spaces import Text
+from playwright.async_api import BrowserContext, Page
+
+from posttrain.envs.base import CHARSET, MAX_TEXT, Split
+from posttrain.envs.web.actions import USAGE, Action, ActionError, parse_action, run_action
+from posttrain.envs.web.browser import BrowserHost, acquire_host, release_host
+from posttrain.envs.web.observation import MARK_ELEMENTS_JS, bids_by_backend_id, flatten_ax_tree, render_observation
+from posttrain.types import Task
+
+# Pages are Unicode (MiniWoB's unicode-test, accented names): observations may hold any character
+# of the Basic Multilingual Plane but the surrogates. Actions stay printable ASCII, like every env's.
+PAGE_CHARSET = frozenset(CHARSET) | frozenset(chr(c) for c in range(0xA0, 0x10000) if not 0xD800 <= c < 0xE000)
+INSTRUCTIONS = ("You operate a web browser to reach a goal. Each turn you see the page's accessibility tree, one "
+                "element per line as [bid] role 'name'. Reply with exactly one action, naming elements by bid: "
+                f"{USAGE}. For example: click('12')")
+
+
+class WebEnv(gym.Env):
+    """Base class of the browser environments; subclasses give tasks, ``_start`` and ``_outcome``."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, max_steps: int = 10, action_timeout: float = 1.0, load_timeout: float = 20.0,
+                 call_timeout: float = 120.0,
+                 screenshot_dir: str | None = None, recycle_every: int = 50, chromium: str | None = None,
+                 max_tree_chars: int = 8000, viewport: tuple[int, int] = (800, 600)):
+        if max_steps < 1:
+            raise ValueError(f"env.kwargs.max_steps must be at least 1, got {max_steps}")
+        if not 0 < action_timeout <= call_timeout:
+            raise ValueError(f"env.kwargs.action_timeout must be in (0, call_timeout={call_timeout}], got {action_timeout}")
+        self.observation_space = Text(max_length=MAX_TEXT, min_length=0, charset=PAGE_CHARSET)
+        self.action_space = Text(max_length=MAX_TEXT, min_length=0, charset=CHARSET)
+        self.max_steps = max_steps
+        self.action_timeout = action_timeout
+        self.load_timeout = load_timeout  # page loads: generous, a busy machine takes seconds
+        self.call_timeout = call_timeout
+        self.screenshot_dir = screenshot_dir
+        self.recycle_every = recycle_every
+        self.chromium = chromium
+        self.max_tree_chars = max_tree_chars
+        self.viewport = {"width": int(viewport[0]), "height": int(viewport[1])}
+        self.task: Task | None = None
+        self.goal = ""
+        self.steps = 0
+        self._host: BrowserHost | None = None
+        self._context: BrowserContext | None = None
+        self._page: Page | None = None
+        self._next_bid = 0
+        self._episode_id = ""
+
+    # ------------------------------------------------------------ for subclasses
+
+    def tasks(self, split: Split) -> Sequence[Task]:
+        raise NotImplementedError
+
+    @property
+    def site(self) -> str:
+        """The site's origin (``http://127.0.0.1:PORT/``): ``goto`` may not leave it."""
+        raise NotImplementedError
+
+    async def _start(self, page: Page, task: Task) -> str:
+        """Open the task's page in ``page`` and return the goal, in words."""
+        raise NotImplementedError
+
+    async def _outcome(self, page: Page, action: Action | None) -> tuple[float, bool, dict[str, Any]]:
+        """(step reward, terminated, info) after ``action`` (None: it could not be parsed or run)."""
+        raise NotImplementedError
+
+    def _extra(self) -> str:
+        """A line of state to show beside the page (e.g. the shop's cart); empty by default."""
+        return ""
+
+    # ------------------------------------------------------------ gymnasium API
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        task = (options or {}).get("task")
+        if task is None:
+            pool = self.tasks("train")
+            task = pool[int(self.np_random.integers(len(pool)))]
+        if not isinstance(task, Task):
+            raise TypeError(f"options['task'] must be a posttrain.types.Task, got {type(task).__name__}")
+        self._end_episode()
+        self.task, self.steps, self._next_bid = task, 0, 0
+        self._episode_id = re.sub(r"[^A-Za-z0-9_.-]+", "_", task.id) + "-" + uuid.uuid4().hex[:8]
+        if self._host is None:
+            self._host = acquire_host(self.chromium, self.recycle_every)
+        try:
+            page_text, info = self._host.run(self._open(task), self.call_timeout)
+        except BaseException:
+            self._end_episode()
+            raise
+        return f"{INSTRUCTIONS}\n\n{page_text}", {"task_id": task.id, **info}
+
+    def step(self, action: str):
+        if self._page is None or self.task is None:
+            raise RuntimeError("step() called before reset() or after the episode ended")
+        self.steps += 1
+        try:
+            parsed, error = parse_action(str(action)), ""
+        except ActionError as e:
+            parsed, error = None, str(e)
+        try:
+            text, reward, terminated, info = self._host.run(self._act(parsed, error), self.call_timeout)
+        except BaseException:
+            self._end_episode()
+            raise
+        truncated = not terminated and self.steps >= self.max_steps
+        page_error = info.pop("error", "")
+        error = error or page_error
+        info = {"action": None if parsed is None else parsed.name, "last_action_error": error, "steps": self.steps,
+                "metrics": {"web_actions": 1.0, "web_action_errors": float(bool(error))}, **info}
+        if terminated or truncated:
+            self._end_episode()
+        return text, float(reward), bool(terminated), bool(truncated), info
+
+    def close(self) -> None:
+        self._end_episode()
+        if self._host is not None:
+            release_host(self._host)
+            self._host = None
+
+    # ------------------------------------------------------------ on the browser's thread
+
+    async def _open(self, task: Task) -> tuple[str, dict[str, Any]]:
+        async with self._host.opening:
+            self._context = await self._host.new_context(viewport=self.viewport)
+            self._context.set_default_timeout(self.action_timeout * 1000)
+            self._context.set_default_navigation_timeout(self.load_timeout * 1000)
+            self._page = await self._context.new_page()
+            self.goal = await self._start(self._page, task)
+            info: dict[str, Any] = {"goal": self.goal}
+            await self._shoot(info)
+            return await self._observe(""), info
+
+    async def _act(self, action: Action | None, error: str) -> tuple[str, float, bool, dict[str, Any]]:
+        page = self._page
+        if action is not None and action.name != "send_msg_to_user":
+            try:
+                await run_action(page, action, self.site, self.action_timeout, self.load_timeout)
+            except ActionError as e:
+                error = str(e)
+            try:
+                await page.wait_for_load_state("domcontentloaded", timeout=self.load_timeout * 1000)
+            except Exception:  # noqa: BLE001 - a slow page is observed as it is
+                pass
+        reward, terminated, info = await self._outcome(page, None if error else action)
+        info["error"] = error
+        await self._shoot(info)
+        return await self._observe(error), reward, terminated, info
+
+    async def _observe(self, error: str) -> str:
+        page = self._page
+        for attempt in range(3):
+            try:
+                self._next_bid = await page.evaluate(MARK_ELEMENTS_JS, self._next_bid)
+                cdp = await self._context.new_cdp_session(page)
+                try:
+                    snapshot = await cdp.send("DOMSnapshot.captureSnapshot", {"computedStyles": []})
+                    ax = await cdp.send("Accessibility.getFullAXTree")
+                finally:
+                    await cdp.detach()
+                tree = flatten_ax_tree(ax["nodes"], bids_by_backend_id(snapshot))
+                title = await page.title()
+                break
+            except Exception:  # noqa: BLE001 - a navigation in flight destroys the context: wait and retry
+                if attempt == 2:
+                    raise
+                await asyncio.sleep(0.2)
+        if len(tree) > self.max_tree_chars:
+            cut = tree[: self.max_tree_chars].rsplit("\n", 1)[0]
+            tree = f"{cut}\n... ({tree.count(chr(10)) - cut.count(chr(10))} more lines)"
+        return render_observation(self.goal, page.url, title, tree, error, self._extra())
+
+    async def _shoot(self, info: dict[str, Any]) -> None:
+        if not self.screenshot_dir:
+            return
+        path = os.path.join(self.screenshot_dir, self._episode_id, f"step{self.steps:02d}.png")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        await self._page.screenshot(path=path)
+        info["screenshot"] = path
+
+    def _end_episode(self) -> None:
+        """Close the episode's context (best effort: a dead browser has nothing left to close)."""
+        context, self._context, self._page = self._context, None, None
+        if context is not None and self._host is not None:
+            try:
+                self._host.run(self._host.close_context(context), 15.0)
+            except Exception:  # noqa: BLE001 - the host retires an unclosable browser at its next recycle
+                pass

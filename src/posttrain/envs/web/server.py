@@ -1,0 +1,37 @@
+"""A web server on 127.0.0.1 (a free port), run on a daemon thread of the environment's process."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+
+class QuietStaticHandler(SimpleHTTPRequestHandler):
+    """Serves files without logging every request to stderr; text is declared UTF-8 (pages without a
+    ``<meta charset>`` would otherwise be read as Latin-1)."""
+
+    extensions_map = {**SimpleHTTPRequestHandler.extensions_map, ".html": "text/html; charset=utf-8",
+                      ".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+
+    def log_message(self, format, *args) -> None:  # noqa: A002 - the stdlib's signature
+        pass
+
+
+class LocalServer:
+    """``handler`` served at :attr:`url` until :meth:`close`."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler] | functools.partial):
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="posttrain-web-server", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def static(cls, directory: str) -> "LocalServer":
+        return cls(functools.partial(QuietStaticHandler, directory=directory))
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

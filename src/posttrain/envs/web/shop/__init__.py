@@ -1,0 +1,1 @@
+"""The generated shop website of the web_shop environment."""

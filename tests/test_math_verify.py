@@ -1,0 +1,62 @@
+"""Math answers: exact for plain numbers, math-verify for LaTeX, fractions and \\boxed{} (nested braces)."""
+
+from fractions import Fraction
+
+import pytest
+
+from posttrain.envs.arithmetic import ArithmeticEnv
+from posttrain.envs.tool_math import ToolMathEnv
+from posttrain.rewards.verifiable import exact_match_reward, last_boxed, math_answer_correct, math_verify_equal
+
+
+@pytest.mark.parametrize("text, answer, correct", [
+    (r"so the answer is $\boxed{\frac{3}{4}}$", Fraction(3, 4), True),
+    (r"\boxed{\dfrac{6}{8}}", "3/4", True),
+    (r"The answer is \boxed{0.75}", r"\frac{3}{4}", True),
+    ("Answer: 3/4", Fraction(3, 4), True),
+    ("Answer: 3/4", 4, False),  # the plain reading ("last number: 4") would call this right
+    (r"$\frac{1}{2} + \frac{1}{3} = \frac{5}{6}$", r"\frac{5}{6}", True),
+    (r"\boxed{\frac{5}{7}}", r"\frac{5}{6}", False),
+    (r"\boxed{2\sqrt{2}}", r"\sqrt{8}", True),
+    (r"We get $x = 12$.", 12, True),
+    ("13 + 14 = 27", 27, True),
+    ("Answer: 1,234", 1234, True),
+    (r"\boxed{42} and then 7", 42, True),
+    ("7 + 12 = 18", 19, False),
+    ("no answer at all", 19, False),
+])
+def test_math_answers(text, answer, correct):
+    assert math_answer_correct(text, answer) is correct
+
+
+@pytest.mark.parametrize("text, answer", [
+    ("13 + 14 = 27", 27), ("Answer: 1,234", 1234), ("The answer is -5.", -5), (r"so \boxed{42}", 42),
+    ("It costs 3.50 dollars", Fraction(7, 2)), ("7 + 12 = 18", 19), ("Answer: 19.0", 19),
+])
+def test_exact_fast_path_agrees_with_math_verify(text, answer):
+    """Where the exact check decides (a plain final number), math-verify gives the same verdict."""
+    exact = bool(exact_match_reward(text, answer))
+    assert math_answer_correct(text, answer) == exact == math_verify_equal(text, answer)
+
+
+def test_nested_boxed():
+    assert last_boxed(r"first \boxed{1}, then \boxed{\frac{1}{2}}") == r"\frac{1}{2}"
+    assert last_boxed(r"\boxed{unclosed") is None
+    assert last_boxed("none") is None
+
+
+def test_untrusted_text_never_raises():
+    for text in ["\\boxed{}", "\\boxed{\\frac{", "\\" * 500, "$" * 1000, "\\frac{1}{0}", "1/0", "\x00\ufffd",
+                 "\\boxed{" + "{" * 300 + "}" * 300 + "}"]:
+        assert math_answer_correct(text, 1) in (True, False)
+
+
+def test_math_envs_accept_latex_answers():
+    arith = ArithmeticEnv(difficulty=1, num_train=10, num_eval=5)
+    task = arith.tasks("eval")[0]
+    assert arith.score(task, rf"The sum is $\boxed{{{task.answer}}}$")[0] == 1.0
+    assert arith.score(task, rf"$\frac{{{2 * task.answer}}}{{2}}$")[0] == 1.0
+    tool = ToolMathEnv(num_train=10, num_eval=5)
+    task = tool.tasks("eval")[0]
+    assert tool.score(task, rf"Final Answer: \boxed{{{task.answer}}}")[0] == 1.0
+    assert tool.score(task, rf"Final Answer: \boxed{{{task.answer + 1}}}")[0] == 0.0

@@ -1,0 +1,60 @@
+"""Sampler/trainer mismatch: the logprob_mismatch metric and truncated importance sampling (TIS)."""
+
+import math
+
+import torch
+
+from posttrain.algorithms import grpo_loss, gspo_loss, logprob_mismatch, truncated_importance_weights
+
+
+def test_mismatch_is_the_mean_absolute_gap_on_sampled_tokens_only():
+    sampler = torch.tensor([[0.0, -1.0, -2.0, -5.0], [0.0, -0.5, 0.0, 0.0]])
+    trainer = torch.tensor([[0.0, -1.5, -1.0, 9.0], [0.0, -0.25, 0.0, 0.0]])
+    mask = torch.tensor([[0, 1, 1, 0], [0, 1, 0, 0]])
+    # |{-1 - -1.5}| + |{-2 - -1}| + |{-0.5 - -0.25}| over 3 tokens; the masked 14 never counts.
+    assert math.isclose(float(logprob_mismatch(sampler, trainer, mask)), (0.5 + 1.0 + 0.25) / 3, rel_tol=1e-6)
+    assert float(logprob_mismatch(sampler, sampler, mask)) == 0.0
+    assert float(logprob_mismatch(sampler, trainer, torch.zeros_like(mask))) == 0.0
+
+
+def test_tis_weights_are_the_capped_probability_ratio_without_gradient():
+    trainer = torch.tensor([[-1.0, -1.0, -3.0]], requires_grad=True)
+    sampler = torch.tensor([[-1.0, -2.0, -1.0]])
+    w = truncated_importance_weights(trainer, sampler, cap=2.0)
+    assert torch.allclose(w, torch.tensor([[1.0, 2.0, math.exp(-2.0)]]))  # e^1 = 2.72 is capped at 2
+    assert not w.requires_grad
+    assert torch.equal(truncated_importance_weights(trainer, sampler, cap=0.0), torch.ones(1, 3))
+
+
+def _loss_and_grad(loss_fn, weights, **kw):
+    logprobs = torch.tensor([[0.0, -1.0, -0.7, -2.0]], requires_grad=True)
+    old = torch.tensor([[0.0, -1.1, -0.6, -2.0]])
+    adv = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
+    loss, _ = loss_fn(logprobs, old, adv, mask, token_weights=weights, **kw)
+    loss.backward()
+    return loss, logprobs.grad
+
+
+def test_weights_scale_each_tokens_policy_gradient():
+    ones = torch.ones(1, 4)
+    w = torch.tensor([[1.0, 2.0, 0.5, 1.0]])
+    base_loss, base_grad = _loss_and_grad(grpo_loss, None)
+    same_loss, same_grad = _loss_and_grad(grpo_loss, ones)
+    assert torch.equal(base_loss, same_loss) and torch.equal(base_grad, same_grad)
+    _, grad = _loss_and_grad(grpo_loss, w)
+    assert torch.allclose(grad, base_grad * w)
+    _, gspo_base = _loss_and_grad(gspo_loss, None)
+    _, gspo_weighted = _loss_and_grad(gspo_loss, w)
+    assert torch.allclose(gspo_weighted, gspo_base * w)
+
+
+def test_weights_leave_the_kl_term_alone():
+    logprobs = torch.tensor([[0.0, -1.0, -0.7]])
+    ref = torch.tensor([[0.0, -1.5, -0.2]])
+    mask = torch.tensor([[0.0, 1.0, 1.0]])
+    zero_adv = torch.zeros(1, 3)  # no policy-gradient term: the loss is the KL alone
+    plain, _ = grpo_loss(logprobs, logprobs, zero_adv, mask, beta=0.1, ref_logprobs=ref)
+    weighted, _ = grpo_loss(logprobs, logprobs, zero_adv, mask, beta=0.1, ref_logprobs=ref,
+                            token_weights=torch.tensor([[1.0, 2.0, 0.0]]))
+    assert torch.equal(plain, weighted) and float(plain) > 0

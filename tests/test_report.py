@@ -1,0 +1,160 @@
+"""The run report: written from a real tiny run, opened in headless Chromium.
+
+Chromium is Debian's (scripts/setup.sh installs it where it can), driven by Playwright with
+``executable_path`` (Playwright's own browser download is not reachable here).
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from posttrain.data.store import TrajectoryStore
+from posttrain.eval.plots import Series, line_chart, nice_ticks
+from posttrain.eval.report import render_report
+from posttrain.config import load_config
+from posttrain.eval.run_data import load_run
+from posttrain.train import Trainer
+from posttrain.types import Step, Task, Trajectory
+from test_train_e2e import run_cli, tiny_config
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def chromium_path() -> str | None:
+    for name in ("chromium", "chromium-browser"):
+        if path := shutil.which(name):
+            return path
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    executable = chromium_path()
+    if executable is None:
+        pytest.skip("no chromium on PATH (scripts/setup.sh installs Debian's chromium as root)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
+        yield b
+        b.close()
+
+
+def open_page(browser, path: Path):
+    """The report loaded in a fresh page, with every console message, page error and request recorded."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.messages, page.requests = [], []
+    page.on("console", lambda m: page.messages.append((m.type, m.text)))
+    page.on("pageerror", lambda e: page.messages.append(("pageerror", str(e))))
+    page.on("request", lambda r: page.requests.append(r.url))
+    page.goto(path.as_uri())
+    page.wait_for_selector("#episode-detail h3")
+    return page
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """Two GRPO steps of the tiny model on mixed-difficulty arithmetic, with the store written."""
+    tmp = tmp_path_factory.mktemp("report")
+    config = tiny_config(tmp, env={"kwargs": {"difficulty": [1, 2], "num_eval": 4}}, store={"write": True},
+                         eval={"num_tasks": 4, "every": 1})
+    Trainer(load_config(config)).train()
+    proc = run_cli("report", tmp / "run")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return tmp / "run"
+
+
+def test_report_opens_offline_with_plots_tables_and_a_trajectory(browser, tiny_run):
+    page = open_page(browser, tiny_run / "report.html")
+    assert [m for m in page.messages if m[0] in ("error", "pageerror", "warning")] == []
+    assert page.requests == [(tiny_run / "report.html").as_uri()]  # nothing fetched but the file itself
+    charts = page.locator("svg.chart")
+    assert charts.count() >= 6 and charts.first.is_visible()
+    assert page.locator("svg.chart polyline").count() >= 6
+    titles = page.locator(".chart-title").all_text_contents()
+    for title in ("Reward", "Success", "KL to the reference", "Entropy", "Length", "Throughput"):
+        assert title in titles
+    rows = page.locator("#eval-table tbody tr")
+    assert [r.split("\t")[0] for r in rows.all_inner_texts()] == ["0", "1", "2"]
+    assert page.locator("#difficulty-table th").all_inner_texts() == ["step", "level 1", "level 2"]
+
+    # The first training episode is shown: its turn and its tokens, sampled ones marked as trained on.
+    assert page.locator("#episode-list tbody tr").count() == 16  # 2 steps x 2 tasks x 4 samples
+    detail = page.locator("#episode-detail")
+    assert detail.is_visible() and "step 1, training" in detail.locator("h3").first.inner_text()
+    assert detail.locator(".turn").count() == 1 and detail.locator(".turn pre.action").is_visible()
+    sampled = detail.locator(".tok.m1").count()
+    assert sampled > 0 and f"Tokens: {sampled} of {sampled} after the prompt" in detail.inner_text()  # single-turn
+    page.check("#f-prompt")
+    assert detail.locator(".tok.m0.prompt").count() > 0 and detail.locator(".tok.m1.prompt").count() == 0
+    page.uncheck("#f-prompt")
+
+    # Browsing: by step, by task, by reward, and the held-out episodes.
+    page.select_option("#f-step", "2")
+    steps = {r.split("\t")[0] for r in page.locator("#episode-list tbody tr").all_inner_texts()}
+    assert steps == {"2"}
+    task = page.locator("#episode-list tbody tr td.mono").first.inner_text()
+    page.fill("#f-task", task)
+    assert set(page.locator("#episode-list tbody tr td.mono").all_inner_texts()) == {task}
+    page.fill("#f-task", "")
+    page.fill("#f-rmin", "5")
+    assert page.locator("#episode-list tbody tr").count() == 0  # arithmetic rewards are 0 or 1
+    page.fill("#f-rmin", "")
+    page.select_option("#f-source", "eval")
+    page.select_option("#f-step", "0")
+    assert page.locator("#episode-list tbody tr").count() == 4
+    assert "held-out" in page.locator("#episode-detail h3").first.inner_text()
+    assert page.locator("#token-view .tok.m1").count() > 0  # held-out samples keep their tokens too
+    assert [m for m in page.messages if m[0] in ("error", "pageerror")] == []
+    page.close()
+
+
+def test_model_output_is_shown_as_text_never_run_or_fetched(browser, tiny_run, tmp_path):
+    """An agent that writes markup: the page shows it literally and makes no request."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    evil = '</script><img src="http://192.0.2.1/x.png" onerror="console.error(1)"><script>console.error(2)</script>'
+    task = Task("evil-1", f"What is {evil}?", 1, {"difficulty": 1})
+    traj = Trajectory(task=task, prompt_ids=[1, 2], completion_ids=[3, 4], loss_mask=[1, 0],
+                      behaviour_logprobs=[-1.0, 0.0], steps=[Step(evil, evil, 0.0, True, False, {"tool": evil})],
+                      metadata={"step": 3})
+    TrajectoryStore(run_dir / "trajectories").append([traj], "evil-run", 2)
+    out = run_dir / "evil.html"
+    out.write_text(render_report(load_run(run_dir), tokenizer=None))
+    page = open_page(browser, out)
+    page.select_option("#f-step", "3")
+    assert page.locator("#episode-detail pre.action").inner_text() == evil
+    assert page.locator("#episode-detail .badge.tool").text_content() == f"tool call: {evil}"
+    assert page.locator("#token-view .tok.m1").count() == 1 and page.locator("#token-view .tok.m0").count() == 1
+    assert page.requests == [out.as_uri()]
+    assert page.messages == []
+    page.close()
+
+
+def test_cli_report_errors_on_a_directory_that_is_not_a_run(tmp_path):
+    proc = run_cli("report", tmp_path)
+    assert proc.returncode == 2
+    assert "not a run directory" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_killed_run_partial_metrics_line_is_skipped_and_counted(tiny_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write('{"split": "train", "step": 3, "rew')  # what a SIGKILL mid-write leaves
+    run = load_run(run_dir)
+    assert run.skipped_lines == 1 and [r["step"] for r in run.train] == [1, 2]
+    steps = [t.step for t in run.trajectories]  # the trainer records each stored trajectory's step
+    assert steps == [1] * 8 + [2] * 8
+    assert "1 unreadable lines skipped" in render_report(run, tokenizer=None)
+
+
+def test_line_chart_ticks_and_empty_series():
+    ticks = nice_ticks(0.0, 0.93)
+    assert ticks[0] <= 0.0 and ticks[-1] >= 0.93 and len(ticks) <= 6
+    svg = line_chart("Reward", [Series("train", [(1, 0.1), (2, float("nan")), (3, 0.5)])])
+    assert svg.count("<circle") == 2 and "not logged" not in svg
+    assert "not logged" in line_chart("KL", [Series("kl", [])])
+    assert json.loads(json.dumps(nice_ticks(3.0, 3.0)))  # a flat series still gets a range
