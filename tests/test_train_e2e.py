@@ -97,7 +97,10 @@ def test_training_changes_the_weights(tmp_path):
 
 @pytest.mark.parametrize("env_class", ["Capitals", "Exploding"])
 def test_user_env_named_in_config_trains(tmp_path, env_class):
-    config = tiny_config(tmp_path, env={"id": f"user_envs:{env_class}", "kwargs": {}}, eval={"num_tasks": 1})
+    # Two sampled held-out episodes, so that Exploding fails one of them, not every one (a run whose
+    # every held-out episode fails stops with exit 2, tested in test_faults_training.py).
+    config = tiny_config(tmp_path, env={"id": f"user_envs:{env_class}", "kwargs": {}},
+                         eval={"num_tasks": 1, "samples_per_task": 2, "temperature": 0.7})
     proc = run_cli("train", config)
     assert proc.returncode == 0, proc.stderr[-3000:]
     train = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
