@@ -131,7 +131,7 @@ class TrajectoryStore:
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, final)
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         return final
 
     def read_table(self) -> pa.Table:
@@ -181,7 +181,7 @@ def _first_line(error: BaseException) -> str:
     return lines[0][:200] if lines else type(error).__name__
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     """Make the rename itself durable (POSIX: the directory entry lives in the directory)."""
     fd = os.open(path, os.O_RDONLY)
     try:

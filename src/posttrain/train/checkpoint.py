@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from posttrain.data.store import fsync_dir
 from posttrain.models.policy import Policy
 
 
@@ -81,7 +82,7 @@ def _write_atomically(final: Path, write) -> None:
         shutil.rmtree(aside, ignore_errors=True)
         final.rename(aside)
     tmp.rename(final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     shutil.rmtree(aside, ignore_errors=True)
 
 
@@ -129,12 +130,5 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(folder))
+        fsync_dir(Path(folder))
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from posttrain.config import ConfigError, RunConfig
-from posttrain.data.store import SCHEMA, TrajectoryStore, _fsync_dir
+from posttrain.data.store import SCHEMA, TrajectoryStore, fsync_dir
 from posttrain.train.checkpoint import recover_checkpoints
 
 # Dotted keys (or prefixes ending in ".") that a resumed run may change.
@@ -123,7 +123,7 @@ def cut_store(store: TrajectoryStore, step: int, run_ids: set[str]) -> None:
         else:
             os.unlink(name)
     if store.path.is_dir():
-        _fsync_dir(store.path)
+        fsync_dir(store.path)
 
 
 def cut_run_dir(run_dir: Path, step: int, store: TrajectoryStore | None, run_ids: set[str]) -> None:
