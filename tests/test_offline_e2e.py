@@ -105,7 +105,7 @@ def test_sft_on_demonstrations_lowers_their_loss(tmp_path):
 def test_offline_user_errors_are_one_line_exit_2(tmp_path):
     config = tiny_config(tmp_path, **OFFLINE)
     cases = [
-        (["dpo", config, "--set", f"offline.store={tmp_path / 'empty'}"], "holds no trajectories"),
+        (["dpo", config, "--set", f"offline.store={tmp_path / 'empty'}"], "holds no readable trajectories"),
         (["dpo", config], "set offline.store"),
         (["sft", config], "trains offline.method rft or sft"),
         (["sft", config, "--set", "offline.method=sft", "--set", f"sft.demonstrations={tmp_path / 'no.jsonl'}"],

@@ -85,3 +85,25 @@ def test_rollout_workers_generate_with_the_weights_of_the_latest_update(tmp_path
     remote = trainer.ctx.backend.generate(prompts, greedy)
     assert [g.token_ids for g in remote] == [g.token_ids for g in local]
     trainer.ctx.close()
+
+
+def test_env_worker_random_state_is_saved_and_restored(tmp_path, local_ray):
+    """A resumed run's env workers draw what the uninterrupted run's would have drawn next."""
+    def draws(pool):  # NoisyCapitals' reward carries a draw from the env's np_random
+        rewards = []
+        for env in pool.take(3):
+            env.reset()
+            rewards.append(env.step("Paris")[1])
+        return rewards
+
+    a = RayEnvPool("user_envs:NoisyCapitals", {}, workers=2, timeout=60, seed=7)
+    b = RayEnvPool("user_envs:NoisyCapitals", {}, workers=2, timeout=60, seed=7)
+    try:
+        assert draws(a) == draws(b)  # seeded by slot: the same stream on both pools
+        state = a.rng_states()
+        after_save = draws(a)
+        b.load_rng_states(state)
+        assert draws(b) == after_save and after_save != draws(a)
+    finally:
+        a.close()
+        b.close()

@@ -20,17 +20,18 @@ import threading
 from typing import Any
 
 from posttrain.envs.contract import EnvError, EnvWorkerLost, env_tasks
+from posttrain.rollout.episodes import load_rng_state, rng_state, seeded
 from posttrain.types import Task
 
 
 class EnvHost:
     """The actor: builds env instances by slot from an env id and kwargs, and runs their calls."""
 
-    def __init__(self, env_id: str, kwargs: dict[str, Any], sys_path: list[str]):
+    def __init__(self, env_id: str, kwargs: dict[str, Any], sys_path: list[str], seed: int | None = None):
         for p in reversed(sys_path):  # user env modules of the driver (tests, scripts) import here too
             if p not in sys.path:
                 sys.path.insert(0, p)
-        self.env_id, self.kwargs = env_id, kwargs
+        self.env_id, self.kwargs, self.seed = env_id, kwargs, seed
         self.envs: dict[int, Any] = {}
         self._lock = threading.Lock()
         self.error = ""
@@ -44,7 +45,9 @@ class EnvHost:
             if slot not in self.envs:
                 from posttrain.envs import make_env
 
-                self.envs[slot] = make_env(self.env_id, self.kwargs)
+                # Seeded by slot, so that a slot's env draws the same randomness on whichever worker hosts it
+                # (slot -1 only lists tasks).
+                self.envs[slot] = seeded(make_env(self.env_id, self.kwargs), self.seed if slot >= 0 else None, slot)
             return self.envs[slot]
 
     def ready(self) -> str:
@@ -64,6 +67,13 @@ class EnvHost:
 
     def step(self, slot: int, action: str):
         return self._env(slot).step(action)
+
+    def rng_states(self) -> dict[int, Any]:
+        return {slot: rng_state(env) for slot, env in self.envs.items() if slot >= 0}
+
+    def load_rng_states(self, states: dict[int, Any]) -> None:
+        for slot, state in states.items():
+            load_rng_state(self._env(slot), state)
 
 
 class RemoteEnv:
@@ -91,11 +101,12 @@ class RemoteEnv:
 class RayEnvPool:
     """``workers`` Ray actors hosting env instances; the same interface as :class:`~posttrain.rollout.EnvPool`."""
 
-    def __init__(self, env_id: str, kwargs: dict[str, Any], workers: int, timeout: float, slots_per_worker: int = 64):
+    def __init__(self, env_id: str, kwargs: dict[str, Any], workers: int, timeout: float, slots_per_worker: int = 64,
+                 seed: int | None = None):
         from posttrain.rollout.ray_runtime import RayRuntime, import_ray
 
         self.ray = import_ray()
-        self.env_id, self.kwargs, self.timeout = env_id, kwargs, timeout
+        self.env_id, self.kwargs, self.timeout, self.seed = env_id, kwargs, timeout, seed
         # Threads per actor: the episodes of a step run at once on it, as in the in-process pool.
         self._actor_cls = self.ray.remote(EnvHost).options(num_cpus=0, max_concurrency=slots_per_worker,
                                                            scheduling_strategy="SPREAD")
@@ -115,7 +126,7 @@ class RayEnvPool:
         self._slots: list[RemoteEnv] = []
 
     def _start(self):
-        return self._actor_cls.remote(self.env_id, self.kwargs, self._sys_path)
+        return self._actor_cls.remote(self.env_id, self.kwargs, self._sys_path, self.seed)
 
     def call(self, worker: int, method: str, *args):
         """One call on a worker, within the pool's timeout; a dead worker raises EnvWorkerLost."""
@@ -150,6 +161,22 @@ class RayEnvPool:
     def tasks(self, split: str, train_seeds: int = 1000, eval_seed_start: int = 1_000_000,
               eval_seeds: int = 1000) -> list[Task]:
         return self.call(0, "tasks", split, train_seeds, eval_seed_start, eval_seeds)
+
+    def rng_states(self) -> dict[str, Any]:
+        """Every slot's env ``np_random`` state, gathered from the workers (for an exact resume)."""
+        states: dict[int, Any] = {}
+        for w in range(len(self.workers)):
+            try:
+                states.update(self.call(w, "rng_states"))
+            except (EnvWorkerLost, TimeoutError):  # a lost worker's slots restart fresh, as they would now
+                continue
+        return {"slots": {str(slot): state for slot, state in sorted(states.items())}}
+
+    def load_rng_states(self, state: dict[str, Any]) -> None:
+        slots = {int(slot): rng for slot, rng in state["slots"].items()}
+        self.take(max(slots, default=-1) + 1)
+        for w in range(len(self.workers)):
+            self.call(w, "load_rng_states", {s: rng for s, rng in slots.items() if s % len(self.workers) == w})
 
     def close(self) -> None:
         for handle in self.workers:

@@ -33,6 +33,23 @@ from posttrain.rollout.backend import Generation, GenerationBackend, SamplingPar
 from posttrain.types import Step, Task, Trajectory
 
 
+def seeded(env: Any, seed: int | None, k: int) -> Any:
+    """``env`` with its ``np_random`` seeded from (seed, k) when it is a gymnasium env and a seed is set."""
+    if seed is not None and isinstance(env, gym.Env):
+        env.unwrapped.np_random = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, k])))
+    return env
+
+
+def rng_state(env: Any) -> dict[str, Any] | None:
+    """The env's ``np_random`` state, or None for an env that is not a gymnasium env."""
+    return env.unwrapped.np_random.bit_generator.state if isinstance(env, gym.Env) else None
+
+
+def load_rng_state(env: Any, state: dict[str, Any] | None) -> None:
+    if state is not None and isinstance(env, gym.Env):
+        env.unwrapped.np_random.bit_generator.state = state
+
+
 class EnvPool:
     """Independent instances of one environment, one per concurrent episode, reused across steps.
 
@@ -53,10 +70,7 @@ class EnvPool:
         self._envs = [self._make()]
 
     def _make(self) -> gym.Env:
-        env = self._factory()
-        if self._seed is not None and isinstance(env, gym.Env):
-            sequence = np.random.SeedSequence([self._seed, self._created])
-            env.unwrapped.np_random = np.random.Generator(np.random.PCG64(sequence))
+        env = seeded(self._factory(), self._seed, self._created)
         self._created += 1
         return env
 
@@ -83,15 +97,12 @@ class EnvPool:
 
     def rng_states(self) -> dict[str, Any]:
         """Every instance's ``np_random`` state (None for an env without one) and the creation count."""
-        return {"created": self._created,
-                "envs": [env.unwrapped.np_random.bit_generator.state if isinstance(env, gym.Env) else None
-                         for env in self._envs]}
+        return {"created": self._created, "envs": [rng_state(env) for env in self._envs]}
 
     def load_rng_states(self, state: dict[str, Any]) -> None:
         self.take(len(state["envs"]))
         for env, rng in zip(self._envs, state["envs"]):
-            if rng is not None and isinstance(env, gym.Env):
-                env.unwrapped.np_random.bit_generator.state = rng
+            load_rng_state(env, rng)
         self._created = state["created"]
 
     def close(self) -> None:

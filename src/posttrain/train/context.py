@@ -96,7 +96,7 @@ class RunContext:
         """A pool of env instances: in this process, or in env.workers Ray actors."""
         env = self.cfg.env
         if env.workers:
-            return RayEnvPool(env.id, env.kwargs, env.workers, env.step_timeout)
+            return RayEnvPool(env.id, env.kwargs, env.workers, env.step_timeout, seed=self.cfg.seed)
         return EnvPool(lambda: make_env(env.id, env.kwargs), seed=self.cfg.seed)
 
     # ------------------------------------------------------------------ tasks and rollouts
