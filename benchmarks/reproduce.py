@@ -65,10 +65,18 @@ CLAIMS = {c.name: c for c in [
 ]}
 
 
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 def evaluations(run: Path) -> list[tuple[int, float]]:
     """(step, held-out accuracy in %) of every evaluation the run logged, in order."""
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [(int(r["step"]), 100.0 * float(r["accuracy"])) for r in records if r.get("split") == "eval"]
+    return [(int(r["step"]), 100.0 * float(r["accuracy"])) for r in records(run) if r.get("split") == "eval"]
+
+
+def training_seconds(run: Path) -> float:
+    """Time in training steps (sampling and update), without model loading and evaluations."""
+    return sum(float(r.get("step_seconds", 0.0)) for r in records(run) if r.get("split") == "train")
 
 
 def run_claim(claim: Claim, seed: int, root: Path, overrides: list[str]) -> dict:
@@ -87,13 +95,13 @@ def run_claim(claim: Claim, seed: int, root: Path, overrides: list[str]) -> dict
     return {"claim": claim.name, "seed": seed, "before": before, "best": best, "best_step": best_step,
             "final": final, "final_step": evals[-1][0], "gain": gain, "claimed_gain": claim.claimed_gain,
             "holds": abs(gain - claim.claimed_gain) <= TOLERANCE and best - final <= TOLERANCE,
-            "seconds": seconds}
+            "seconds": seconds, "training_seconds": training_seconds(run)}
 
 
 def summary(rows: list[dict]) -> str:
     """Median and range over seeds of before, final and gain, per claim."""
-    lines = ["| claim | seeds | before | final | gain (median, range) | claimed gain | holds on | median wall time |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| claim | seeds | before | final | gain (median, range) | claimed gain | holds on | median training time | median wall time |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name in dict.fromkeys(r["claim"] for r in rows):
         ok = [r for r in rows if r["claim"] == name and "error" not in r]
         if not ok:
@@ -103,6 +111,7 @@ def summary(rows: list[dict]) -> str:
                      f"{statistics.median(r['final'] for r in ok):.0f}% | {statistics.median(gains):+.0f} "
                      f"({min(gains):+.0f} to {max(gains):+.0f}) | {ok[0]['claimed_gain']:+.0f} | "
                      f"{sum(r['holds'] for r in ok)}/{len(ok)} | "
+                     f"{statistics.median(r['training_seconds'] for r in ok) / 60:.1f} min | "
                      f"{statistics.median(r['seconds'] for r in ok) / 60:.1f} min |")
     return "\n".join(lines)
 
@@ -122,19 +131,20 @@ def main() -> None:
     print(describe(), flush=True)
     if args.overrides:
         print("overrides: " + " ".join(args.overrides))
-    print("| claim | seed | before | best (step) | final (step) | gain | claimed | holds | wall time |")
-    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    print("| claim | seed | before | best (step) | final (step) | gain | claimed | holds | training time | wall time |")
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
     rows = []
     for name in args.claims.split(","):
         for seed in args.seeds:
             r = run_claim(CLAIMS[name], seed, args.runs, args.overrides)
             rows.append(r)
             if "error" in r:
-                print(f"| {name} | {seed} | failed: {' '.join(r['error'])} |||||||", flush=True)
+                print(f"| {name} | {seed} | failed: {' '.join(r['error'])} ||||||||", flush=True)
                 continue
             print(f"| {name} | {seed} | {r['before']:.0f}% | {r['best']:.0f}% ({r['best_step']}) | "
                   f"{r['final']:.0f}% ({r['final_step']}) | {r['gain']:+.0f} | {r['claimed_gain']:+.0f} | "
-                  f"{'yes' if r['holds'] else 'no'} | {r['seconds'] / 60:.1f} min |", flush=True)
+                  f"{'yes' if r['holds'] else 'no'} | {r['training_seconds'] / 60:.1f} min | "
+                  f"{r['seconds'] / 60:.1f} min |", flush=True)
     print()
     print(summary(rows))
     print(describe())  # the load average after, too: a busy machine shows here
