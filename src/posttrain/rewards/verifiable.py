@@ -10,6 +10,7 @@ verdict (``tests/test_math_verify.py`` checks the two on the same cases).
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from fractions import Fraction
@@ -95,10 +96,22 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+def _drop_timeout_warning(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Timeout is disabled")
+
+
 def math_verify_equal(text: str, answer) -> bool:
-    """math-verify's verdict: does the answer in ``text`` equal the gold ``answer``?"""
+    """math-verify's verdict: does the answer in ``text`` equal the gold ``answer``?
+
+    Off the main thread math-verify cannot time itself out (it uses signals) and warns so once; an
+    episode's env step is bounded by ``env.step_timeout`` there, so the warning only alarms users.
+    """
     from math_verify import parse, verify
 
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logger = logging.getLogger(name)
+        if _drop_timeout_warning not in logger.filters:
+            logger.addFilter(_drop_timeout_warning)
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
     gold_text = str(answer)
     gold = parse(gold_text if "$" in gold_text else f"${gold_text}$", parsing_timeout=timeout)
