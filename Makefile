@@ -18,7 +18,8 @@ demo: setup
 test: setup
 	$(VENV)/bin/python -m pytest -q -ra
 
-# Every training claim of the README on seeds 0, 1 and 2: claimed vs measured (about N min alone).
+# Every training claim of the README on seeds 0, 1 and 2: claimed vs measured. Several hours on 2 cores;
+# `python benchmarks/reproduce.py --claims demo` alone takes about 13 min.
 reproduce: setup
 	$(VENV)/bin/python benchmarks/reproduce.py
 
