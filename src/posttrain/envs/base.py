@@ -38,6 +38,18 @@ def message(role: str, content: str) -> dict[str, str]:
     return {"role": role, "content": content}
 
 
+def task_for_reset(env: gym.Env, options: dict[str, Any] | None) -> Task:
+    """The task ``reset`` was given in ``options["task"]``, else one drawn from ``env.tasks("train")``
+    with the env's ``np_random``; TypeError for anything that is not a Task."""
+    task = (options or {}).get("task")
+    if task is None:
+        pool = env.tasks("train")
+        task = pool[int(env.np_random.integers(len(pool)))]
+    if not isinstance(task, Task):
+        raise TypeError(f"options['task'] must be a posttrain.types.Task, got {type(task).__name__}")
+    return task
+
+
 class TextEnv(gym.Env):
     """Base class for posttrain's environments; user environments need not inherit from it.
 
@@ -70,13 +82,7 @@ class TextEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        task = (options or {}).get("task")
-        if task is None:
-            pool = self.tasks("train")
-            task = pool[int(self.np_random.integers(len(pool)))]
-        if not isinstance(task, Task):
-            raise TypeError(f"options['task'] must be a posttrain.types.Task, got {type(task).__name__}")
-        self.task = task
+        task = self.task = task_for_reset(self, options)
         return task.prompt, {"task_id": task.id}
 
     def step(self, action: str):

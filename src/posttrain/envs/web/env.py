@@ -24,7 +24,7 @@ import gymnasium as gym
 from gymnasium.spaces import Text
 from playwright.async_api import BrowserContext, Page
 
-from posttrain.envs.base import CHARSET, MAX_TEXT, Split
+from posttrain.envs.base import CHARSET, MAX_TEXT, Split, task_for_reset
 from posttrain.envs.web.actions import USAGE, Action, ActionError, parse_action, run_action
 from posttrain.envs.web.browser import BrowserHost, acquire_host, release_host
 from posttrain.envs.web.observation import MARK_ELEMENTS_JS, bids_by_backend_id, flatten_ax_tree, render_observation
@@ -97,12 +97,7 @@ class WebEnv(gym.Env):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
-        task = (options or {}).get("task")
-        if task is None:
-            pool = self.tasks("train")
-            task = pool[int(self.np_random.integers(len(pool)))]
-        if not isinstance(task, Task):
-            raise TypeError(f"options['task'] must be a posttrain.types.Task, got {type(task).__name__}")
+        task = task_for_reset(self, options)
         self._end_episode()
         self.task, self.steps, self._next_bid = task, 0, 0
         self._episode_id = re.sub(r"[^A-Za-z0-9_.-]+", "_", task.id) + "-" + uuid.uuid4().hex[:8]
