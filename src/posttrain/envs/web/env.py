@@ -39,7 +39,7 @@ INSTRUCTIONS = ("You operate a web browser to reach a goal. Each turn you see th
 
 
 class WebEnv(gym.Env):
-    """Base class of the browser environments; subclasses give tasks, ``_start`` and ``_outcome``."""
+    """Base class of the browser environments; subclasses give tasks and a site, ``_start`` and ``_outcome``."""
 
     metadata: dict[str, Any] = {"render_modes": []}
 
@@ -73,13 +73,19 @@ class WebEnv(gym.Env):
 
     # ------------------------------------------------------------ for subclasses
 
+    # A subclass sets ``_splits`` (split name -> its tasks) and ``_server`` (the LocalServer of its site).
+    _splits: dict[str, Sequence[Task]]
+    _server: Any
+
     def tasks(self, split: Split) -> Sequence[Task]:
-        raise NotImplementedError
+        if split not in self._splits:
+            raise ValueError(f"unknown split {split!r}; expected 'train' or 'eval'")
+        return self._splits[split]
 
     @property
     def site(self) -> str:
         """The site's origin (``http://127.0.0.1:PORT/``): ``goto`` may not leave it."""
-        raise NotImplementedError
+        return self._server.url
 
     async def _start(self, page: Page, task: Task) -> str:
         """Open the task's page in ``page`` and return the goal, in words."""

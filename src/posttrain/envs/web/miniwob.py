@@ -18,7 +18,6 @@ from typing import Any
 
 from playwright.async_api import Page
 
-from posttrain.envs.base import Split
 from posttrain.envs.web.actions import Action
 from posttrain.envs.web.env import WebEnv
 from posttrain.envs.web.server import LocalServer
@@ -92,15 +91,6 @@ class MiniWoBEnv(WebEnv):
     @staticmethod
     def _task(name: str, seed: int) -> Task:
         return Task(f"miniwob/{name}/{seed}", f"MiniWoB++ {name}, seed {seed}", metadata={"task": name, "seed": seed})
-
-    def tasks(self, split: Split) -> Sequence[Task]:
-        if split not in self._splits:
-            raise ValueError(f"unknown split {split!r}; expected 'train' or 'eval'")
-        return self._splits[split]
-
-    @property
-    def site(self) -> str:
-        return self._server.url
 
     async def _start(self, page: Page, task: Task) -> str:
         await page.goto(f"{self.site}miniwob/{task.metadata['task']}.html", wait_until="load")

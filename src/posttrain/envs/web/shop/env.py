@@ -12,12 +12,10 @@ so an episode's return is the purchase score (or the progress reached, when noth
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from typing import Any
 
 from playwright.async_api import Page
 
-from posttrain.envs.base import Split
 from posttrain.envs.web.actions import Action
 from posttrain.envs.web.env import WebEnv
 from posttrain.envs.web.server import LocalServer
@@ -70,15 +68,6 @@ class WebShopEnv(WebEnv):
                 tasks.append(Task(f"shop/{seed}/{split}/{len(tasks)}", goal.instruction(), answer=goal))
             splits[split] = tasks
         return splits
-
-    def tasks(self, split: Split) -> Sequence[Task]:
-        if split not in self._splits:
-            raise ValueError(f"unknown split {split!r}; expected 'train' or 'eval'")
-        return self._splits[split]
-
-    @property
-    def site(self) -> str:
-        return self._server.url
 
     async def _start(self, page: Page, task: Task) -> str:
         self._site.reset()
