@@ -75,14 +75,14 @@ def records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def evaluations(run: Path) -> list[tuple[int, float]]:
-    """(step, held-out accuracy in %) of every evaluation the run logged, in order."""
-    return [(int(r["step"]), 100.0 * float(r["accuracy"])) for r in records(run) if r.get("split") == "eval"]
+def evaluations(logged: list[dict]) -> list[tuple[int, float]]:
+    """(step, held-out accuracy in %) of every evaluation a run logged, in order."""
+    return [(int(r["step"]), 100.0 * float(r["accuracy"])) for r in logged if r.get("split") == "eval"]
 
 
-def training_seconds(run: Path) -> float:
+def training_seconds(logged: list[dict]) -> float:
     """Time in training steps (sampling and update), without model loading and evaluations."""
-    return sum(float(r.get("step_seconds", 0.0)) for r in records(run) if r.get("split") == "train")
+    return sum(float(r.get("step_seconds", 0.0)) for r in logged if r.get("split") == "train")
 
 
 def run_claim(claim: Claim, seed: int, root: Path, overrides: list[str]) -> dict:
@@ -94,14 +94,15 @@ def run_claim(claim: Claim, seed: int, root: Path, overrides: list[str]) -> dict
         if proc.returncode != 0:
             return {"claim": claim.name, "seed": seed, "error": proc.stderr.strip().splitlines()[-1:]}
     seconds = time.time() - start
-    evals = evaluations(run)
+    logged = records(run)
+    evals = evaluations(logged)
     before, final = evals[0][1], evals[-1][1]
     best_step, best = max(evals, key=lambda e: e[1])
     gain = final - before
     return {"claim": claim.name, "seed": seed, "before": before, "best": best, "best_step": best_step,
             "final": final, "final_step": evals[-1][0], "gain": gain, "claimed_gain": claim.claimed_gain,
             "holds": abs(gain - claim.claimed_gain) <= TOLERANCE and best - final <= TOLERANCE,
-            "seconds": seconds, "training_seconds": training_seconds(run)}
+            "seconds": seconds, "training_seconds": training_seconds(logged)}
 
 
 def summary(rows: list[dict]) -> str:
