@@ -429,6 +429,8 @@ class RewardComponentConfig(_Section):
         "matches kwargs.pattern), tool_calls (share of tool calls that parsed and ran), length (-1 x the share of "
         "kwargs.max_tokens used past kwargs.free_tokens), reward_model (a Bradley-Terry model from `posttrain rm "
         "train`, kwargs.path), prm (a process reward model from `posttrain prm train`, kwargs.path, kwargs.dense), "
+        "implicit_prm (PRIME's implicit process reward, learned online from outcomes: kwargs.beta, "
+        "kwargs.learning_rate), "
         "judge / group_judge (a local LLM grading with kwargs.rubric); or 'package.module:function', called as "
         "function(trajectory, **kwargs) -> float.",
     )
@@ -629,16 +631,20 @@ class RunConfig(_Section):
                 f"algorithm.overlong_buffer ({self.algorithm.overlong_buffer}) must not exceed "
                 f"rollout.max_new_tokens ({self.rollout.max_new_tokens})"
             )
-        dense = any(c.name == "prm" and c.kwargs.get("dense", True) for c in self.reward.components)
+        dense = any((c.name == "prm" and c.kwargs.get("dense", True)) or c.name == "implicit_prm"
+                    for c in self.reward.components)
+        for c in self.reward.components:  # PRIME's implicit PRM starts as a copy of the policy
+            if c.name == "implicit_prm":
+                c.kwargs.setdefault("model", self.model.name)
         algo = self.algorithm
         takes_dense = algo.credit == "step" or (algo.name == "ppo" and algo.gae_level == "token")
         if dense and not takes_dense:
-            raise ValueError("a dense prm reward needs algorithm.credit=step (group estimators) or algorithm.name=ppo "
-                             "with gae_level=token; or set its kwargs.dense=false to score trajectories by their "
-                             "weakest step")
+            raise ValueError("a dense prm or implicit_prm reward needs algorithm.credit=step (group estimators) or "
+                             "algorithm.name=ppo with gae_level=token; or set a prm's kwargs.dense=false to score "
+                             "trajectories by their weakest step")
         if self.algorithm.credit == "step" and not dense:
             raise ValueError("algorithm.credit=step assigns dense process rewards: add {name: prm, kwargs: "
-                             "{path: ...}} to reward.components")
+                             "{path: ...}} or {name: implicit_prm} to reward.components")
         if self.sft.weight > 0 and not self.sft.demonstrations:
             raise ValueError("sft.weight > 0 mixes an SFT loss into training: set sft.demonstrations to a JSONL file")
         r = self.rollout

@@ -38,6 +38,7 @@ class DenseScorer(Protocol):
 MODEL_COMPONENTS = {
     "reward_model": "posttrain.rewards.reward_model:RewardModelScorer",
     "prm": "posttrain.rewards.prm:ProcessRewardScorer",
+    "implicit_prm": "posttrain.rewards.implicit_prm:ImplicitPRMScorer",
     "judge": "posttrain.rewards.judge:Judge",
     "group_judge": "posttrain.rewards.judge:GroupJudge",
 }
@@ -165,6 +166,15 @@ class RewardComposer:
             metrics[f"reward/step/{name}"] = metrics.get(f"reward/step/{name}", 0.0) / turns if turns else 0.0
             metrics.setdefault(f"reward/step/{name}_errors", 0.0)
         return Rewards(total=total, step_rewards=step_rewards, dense=dense, metrics=metrics)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state of components that learn during the run (PRIME's implicit PRM), by name."""
+        return {c.name: c.model.state_dict() for c in self.components if hasattr(c.model, "state_dict")}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for c in self.components:
+            if c.name in state:
+                c.model.load_state_dict(state[c.name])
 
     def _step_rewards(self, trajectory: Trajectory, metrics: dict[str, float]) -> list[float]:
         """Per turn: the environment's step reward x the correctness weight, plus every step scorer's value."""

@@ -138,7 +138,7 @@ class Trainer:
 
     def save(self):
         extra = {"tasks": self.tasks.state_dict(), "algorithm": self.algorithm.state_dict(),
-                 "next_demo": self._next_demo, "run_ids": self.run_ids}
+                 "next_demo": self._next_demo, "run_ids": self.run_ids, "reward": self.reward.state_dict()}
         if self.critic is not None:
             extra["critic"] = self.critic.state_dict()
         return self.ctx.save_checkpoint(self.step, self.optimizer, self.scheduler, extra)
@@ -153,6 +153,7 @@ class Trainer:
         self.algorithm.load_state_dict(state["algorithm"])
         if self.critic is not None:
             self.critic.load_state_dict(state["critic"])
+        self.reward.load_state_dict(state.get("reward", {}))
         self._next_demo = state["next_demo"]
         self.step = state["step"]
         self.run_ids = [*state["run_ids"], self.run_id]
