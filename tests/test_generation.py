@@ -129,3 +129,59 @@ def test_packed_lora_layers_use_the_merged_weight():
         assert torch.allclose(packed_adapted, adapted, atol=1e-4)
         assert torch.allclose(packed_base, base, atol=1e-4)
         assert torch.equal(model(input_ids=ids).logits, adapted), "packing changed the model"
+
+
+def _fast_and_generic(model, tokenizer, prompts, params, num_samples=1):
+    fast = HFBackend(model, tokenizer, seed=5)
+    generic = HFBackend(model, tokenizer, seed=5, fast_decode=False)
+    assert fast.fast_decode and not generic.fast_decode
+    return fast.generate(prompts, params, num_samples), generic.generate(prompts, params, num_samples)
+
+
+def test_fast_decode_samples_what_the_generic_loop_samples(tiny_model, tokenizer):
+    # Prompts of different lengths (left padding), several samples each, rows stopping at different steps.
+    params = SamplingParams(temperature=1.0, max_new_tokens=16, stop=("a",))
+    fast, generic = _fast_and_generic(tiny_model, tokenizer, prompt_ids(tokenizer), params, num_samples=3)
+    assert [g.token_ids for g in fast] == [g.token_ids for g in generic]
+    assert [g.finish_reason for g in fast] == [g.finish_reason for g in generic]
+    assert len({len(g.token_ids) for g in fast}) > 1, "rows should leave the batch at different steps"
+    for f, g in zip(fast, generic):
+        assert f.logprobs == pytest.approx(g.logprobs, abs=1e-5)
+
+
+def test_fast_decode_folds_lora_adapters_in():
+    from posttrain.config import LoraConfig
+    from posttrain.models import load_model, load_tokenizer
+    from posttrain.models.lora import apply_lora
+
+    torch.manual_seed(0)
+    model = apply_lora(load_model("tiny-random"), LoraConfig(r=4)).eval()
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    tokenizer = load_tokenizer("tiny-random")
+    prompts = prompt_ids(tokenizer)
+    gens = HFBackend(model, tokenizer, seed=1).generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=10))
+    for prompt, gen in zip(prompts, gens):
+        ids = torch.tensor([prompt + gen.token_ids])
+        lp, _ = token_logprobs(model, ids, torch.ones_like(ids))
+        assert torch.allclose(lp[0, len(prompt):], torch.tensor(gen.logprobs), atol=1e-4)
+
+
+def test_fast_decode_handles_attention_biases_and_leaves_other_architectures_alone(tokenizer):
+    from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
+    from posttrain.rollout.fast_decode import supports
+
+    torch.manual_seed(0)
+    qwen = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                        tie_word_embeddings=True)).eval()
+    assert qwen.model.layers[0].self_attn.q_proj.bias is not None
+    fast, generic = _fast_and_generic(qwen, tokenizer, prompt_ids(tokenizer), SamplingParams(temperature=1.0,
+                                                                                            max_new_tokens=12))
+    assert [g.token_ids for g in fast] == [g.token_ids for g in generic]
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2)).eval()
+    assert not supports(gpt2)
+    gens = HFBackend(gpt2, tokenizer).generate(prompt_ids(tokenizer), SamplingParams(temperature=0, max_new_tokens=4))
+    assert all(len(g.token_ids) == 4 for g in gens)

@@ -7,7 +7,9 @@ that matter for RL on a CPU:
 - rows that finished (EOS or a stop string) leave the batch, so late decode steps only pay for
   the sequences still running;
 - on CPU, the linear layers run on weights packed once per call for oneDNN (see
-  :mod:`posttrain.models.packed_linear`), 2-3x faster than the plain weights at decode shapes.
+  :mod:`posttrain.models.packed_linear`), 2-3x faster than the plain weights at decode shapes;
+- on CPU, Llama-family models decode with :mod:`posttrain.rollout.fast_decode` (fused
+  projections, a static KV cache, little Python per token) after the model's own prefill.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from transformers import DynamicCache
 
 from posttrain.models.logprobs import cache_kwarg
 from posttrain.models.packed_linear import packed_linears
+from posttrain.rollout.fast_decode import DecodeWeights, StaticCache, decode_step, supports
 from posttrain.rollout.backend import Generation, SamplingParams
 from posttrain.rollout.sampling import sample_next
 
@@ -28,12 +31,15 @@ class HFBackend:
 
     same_logprobs_as_trainer = True
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, seed: int = 0, pack_weights: bool = True):
+    def __init__(self, model, tokenizer, batch_size: int = 64, seed: int = 0, pack_weights: bool = True,
+                 fast_decode: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.device = next(model.parameters()).device
         self.pack_weights = pack_weights and self.device.type == "cpu"  # oneDNN packing is a CPU path
+        self.fast_decode = fast_decode and self.pack_weights and supports(model)
+        self._weights: DecodeWeights | None = None  # of the current generate() call
         self.eos_ids = eos_token_ids(model, tokenizer)
         # Longest sequence the model has positions for (None: unbounded); the episode loop keeps within it.
         self.max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -53,10 +59,13 @@ class HFBackend:
         self.model.eval()
         rows = min(len(prompts), per_call) * num_samples
         try:
-            with packed_linears(self.model, rows) if self.pack_weights else nullcontext():
+            if self.fast_decode:  # the prefill is compute-bound: plain weights serve it as well as packed ones
+                self._weights = DecodeWeights(self.model, rows)
+            with packed_linears(self.model, rows) if self.pack_weights and not self.fast_decode else nullcontext():
                 for start in range(0, len(prompts), per_call):
                     out.extend(self._generate_chunk(prompts[start : start + per_call], params, num_samples))
         finally:
+            self._weights = None  # packed copies of the weights are only valid for this call
             self.model.train(was_training)
         return out
 
@@ -90,6 +99,11 @@ class HFBackend:
         active = torch.arange(rows, device=self.device)  # original row index of each row still in the batch
         next_pos = positions[:, -1] + 1
         eos = torch.tensor(self.eos_ids, device=self.device)
+        fast = self._weights
+        if fast is not None:  # the prompt's keys and values move into a cache with room for every new token
+            cache = StaticCache([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers],
+                                mask, width + params.max_new_tokens)
+            cos, sin = fast.rotary_tables(int(next_pos.max()) + params.max_new_tokens)
         for step in range(params.max_new_tokens):
             tok, lp = sample_next(logits, params.temperature, params.top_p, self.generator)
             done = torch.isin(tok, eos).tolist()  # host copies: one transfer each per step on a GPU
@@ -107,13 +121,19 @@ class HFBackend:
                 break
             if not keep.all():
                 idx = keep.nonzero().squeeze(-1)
-                cache.batch_select_indices(idx)
+                if fast is not None:
+                    cache.select(idx)
+                else:
+                    cache.batch_select_indices(idx)
                 active, tok, mask, next_pos = active[idx], tok[idx], mask[idx], next_pos[idx]
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            logits = self.model(
-                input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=next_pos.unsqueeze(-1),
-                use_cache=True, **{self._cache_kwarg: cache},
-            ).logits[:, -1]
+            if fast is not None:
+                logits = decode_step(fast, cache, tok, cos[next_pos], sin[next_pos])
+            else:
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                logits = self.model(
+                    input_ids=tok.unsqueeze(-1), attention_mask=mask, position_ids=next_pos.unsqueeze(-1),
+                    use_cache=True, **{self._cache_kwarg: cache},
+                ).logits[:, -1]
             next_pos = next_pos + 1
         return [Generation(tokens[r], logps[r], finish[r]) for r in range(rows)]  # type: ignore[arg-type]
 
