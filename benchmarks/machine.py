@@ -10,29 +10,28 @@ import os
 import platform
 from pathlib import Path
 
+from posttrain.models.cpu_probe import bf16_decode_speedup, cpu_flags
+
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
 def cpu_model_and_flags() -> tuple[str, list[str]]:
     """The CPU's model name and which of FLAGS it has (from /proc/cpuinfo; platform data elsewhere)."""
     info = Path("/proc/cpuinfo")
-    if not info.is_file():
-        return platform.processor() or platform.machine(), []
-    model, flags = platform.machine(), set()
-    for line in info.read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and model == platform.machine():
-            model = value.strip()
-        elif key.strip() == "flags" and not flags:
-            flags = set(value.split())
-    return model, [f for f in FLAGS if f in flags]
+    model = platform.processor() or platform.machine()
+    if info.is_file():
+        names = [line.partition(":")[2].strip() for line in info.read_text().splitlines()
+                 if line.startswith("model name")]
+        model = names[0] if names else model
+    return model, [f for f in FLAGS if f in cpu_flags()]
 
 
 def describe() -> str:
-    """One line: CPU model, cores, vector/matrix flags, torch version, load average now."""
+    """One line: CPU model, cores, vector/matrix flags, measured bf16 decoding speed, torch version, load now."""
     import torch
 
     model, flags = cpu_model_and_flags()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (f"machine: {model}, {os.cpu_count()} cores, flags {' '.join(flags) or 'none of ' + '/'.join(FLAGS)}; "
+            f"bf16 decoding {bf16_decode_speedup():.2f}x fp32 (0: no bf16 units); "
             f"torch {torch.__version__}; load average {load:.1f}")

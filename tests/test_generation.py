@@ -185,3 +185,20 @@ def test_fast_decode_handles_attention_biases_and_leaves_other_architectures_alo
     assert not supports(gpt2)
     gens = HFBackend(gpt2, tokenizer).generate(prompt_ids(tokenizer), SamplingParams(temperature=0, max_new_tokens=4))
     assert all(len(g.token_ids) == 4 for g in gens)
+
+
+def test_bf16_decoding_is_close_to_the_trainer_and_says_it_is_not_its_own(tiny_model, tokenizer):
+    from posttrain.models.cpu_probe import has_bf16_units
+
+    if not has_bf16_units():
+        pytest.skip("bf16 decoding is for CPUs with bf16 units")
+    backend = HFBackend(tiny_model, tokenizer, seed=2, decode_dtype=torch.bfloat16)
+    assert not backend.same_logprobs_as_trainer  # the trainer must not reuse these as its own
+    prompts = prompt_ids(tokenizer)
+    gens = backend.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=10))
+    gaps = []
+    for prompt, gen in zip(prompts, gens):
+        ids = torch.tensor([prompt + gen.token_ids])
+        lp, _ = token_logprobs(tiny_model, ids, torch.ones_like(ids))
+        gaps.append((lp[0, len(prompt):] - torch.tensor(gen.logprobs)).abs().max().item())
+    assert 0 < max(gaps) < 0.1  # bf16 rounding, not a different model

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 
 from posttrain.algorithms import grpo_loss, gspo_loss, logprob_mismatch, truncated_importance_weights
@@ -58,3 +59,26 @@ def test_weights_leave_the_kl_term_alone():
     weighted, _ = grpo_loss(logprobs, logprobs, zero_adv, mask, beta=0.1, ref_logprobs=ref,
                             token_weights=torch.tensor([[1.0, 2.0, 0.0]]))
     assert torch.equal(plain, weighted) and float(plain) > 0
+
+
+def test_bf16_rollouts_train_with_the_gap_measured_in_the_training_pass(tmp_path):
+    import json
+
+    from posttrain.config import load_config
+    from posttrain.models.cpu_probe import has_bf16_units
+    from posttrain.train import Trainer
+
+    if not has_bf16_units():
+        pytest.skip("bf16 decoding is for CPUs with bf16 units")
+    cfg = load_config(None, ["model.name=tiny-random", "env.id=user_envs:Capitals", "algorithm.group_size=4",
+                             "train.tasks_per_step=1", "train.steps=1", "rollout.max_new_tokens=8",
+                             "eval.num_tasks=1", "eval.max_new_tokens=8", "eval.before_training=false",
+                             "algorithm.beta=0", "algorithm.tis_cap=2.0", "rollout.decode_dtype=bfloat16",
+                             "reward.components=[{name: 'user_rewards:answer_length_bonus'}]",  # differs row by row
+                             f"output_dir={tmp_path / 'run'}"])
+    trainer = Trainer(cfg)
+    assert not trainer.ctx.backend.same_logprobs_as_trainer
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    step = [r for r in rows if r["split"] == "train"][0]
+    assert 0 < step["logprob_mismatch"] < 0.1 and 0 < step["tis_weight_mean"] <= 2.0

@@ -115,6 +115,9 @@ class Batch:
     old_values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     importance_weights: torch.Tensor | None = None  # per-token loss weights (TIS), when another engine sampled
+    # Another engine's log-probs of the sampled tokens, left for the loss to compare with its own
+    # (one on-policy optimiser step: the trainer's old log-probs are its current ones, no extra pass).
+    sampler_logprobs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -137,6 +140,7 @@ class Batch:
             old_values=take(self.old_values),
             returns=take(self.returns),
             importance_weights=take(self.importance_weights),
+            sampler_logprobs=take(self.sampler_logprobs),
         )
 
     @property

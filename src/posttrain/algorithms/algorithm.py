@@ -146,6 +146,11 @@ class Algorithm:
         (:class:`~posttrain.types.Rewards`), for ``credit == "step"`` and PPO's token-level GAE.
         """
         metrics: dict[str, float] = {}
+        if sampler_logprobs is not None and not self.needs_old_logprobs() and self.beta == 0:
+            # One on-policy step: the old log-probs are the training pass's own, so the gap and the
+            # importance weights are computed there instead of in a pass of their own.
+            batch.sampler_logprobs = sampler_logprobs
+            sampler_logprobs = None
         if self.needs_old_logprobs() or sampler_logprobs is not None:
             batch.old_logprobs = behaviour_logprobs if behaviour_logprobs is not None else scorer.logprobs(batch)
         if sampler_logprobs is not None:
@@ -246,17 +251,25 @@ class Algorithm:
             old = outputs.logprobs.detach()  # on-policy, one step: the ratio is exactly 1
         else:
             old = batch.old_logprobs
+        weights, engine_stats = batch.importance_weights, {}
+        if batch.sampler_logprobs is not None:  # another engine sampled; see prepare()
+            engine_stats["logprob_mismatch"] = logprob_mismatch(batch.sampler_logprobs, old, mask)
+            if cfg.tis_cap > 0:
+                weights = truncated_importance_weights(old, batch.sampler_logprobs, cfg.tis_cap)
+                sampled = mask.bool()
+                engine_stats["tis_weight_mean"] = weights[sampled].mean() if sampled.any() else 1.0
         if cfg.name == "gspo":
             total, stats = self._policy_loss(outputs.logprobs, old, batch.advantages, mask,
                                              epsilon_low=cfg.epsilon_low, epsilon_high=cfg.epsilon_high,
-                                             total_sequences=norm.sequences, token_weights=batch.importance_weights)
+                                             total_sequences=norm.sequences, token_weights=weights)
         else:
             total, stats = self._policy_loss(
                 outputs.logprobs, old, batch.advantages, mask, epsilon_low=cfg.epsilon_low,
                 epsilon_high=cfg.epsilon_high, beta=0.0 if cfg.kl_in_reward else self.beta,
                 ref_logprobs=batch.ref_logprobs, kl_kind=cfg.kl_estimator, aggregation=cfg.loss_aggregation,
                 total_tokens=norm.tokens, total_sequences=norm.sequences, max_tokens=float(self.max_new_tokens),
-                token_weights=batch.importance_weights)
+                token_weights=weights)
+        stats.update(engine_stats)
         if outputs.values is not None:
             old_values = batch.old_values if batch.old_values is not None else outputs.values.detach()
             v_loss = value_loss(outputs.values, old_values, batch.returns, mask, cfg.value_clip or None, norm.tokens)

@@ -32,13 +32,16 @@ class HFBackend:
     same_logprobs_as_trainer = True
 
     def __init__(self, model, tokenizer, batch_size: int = 64, seed: int = 0, pack_weights: bool = True,
-                 fast_decode: bool = True):
+                 fast_decode: bool = True, decode_dtype: torch.dtype = torch.float32):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.device = next(model.parameters()).device
         self.pack_weights = pack_weights and self.device.type == "cpu"  # oneDNN packing is a CPU path
         self.fast_decode = fast_decode and self.pack_weights and supports(model)
+        # bf16 decoding needs the fast path; its log-probs are then not the trainer's (float32) own.
+        self.decode_dtype = decode_dtype if self.fast_decode else torch.float32
+        self.same_logprobs_as_trainer = self.decode_dtype == torch.float32
         self._weights: DecodeWeights | None = None  # of the current generate() call
         self.eos_ids = eos_token_ids(model, tokenizer)
         # Longest sequence the model has positions for (None: unbounded); the episode loop keeps within it.
@@ -60,7 +63,7 @@ class HFBackend:
         rows = min(len(prompts), per_call) * num_samples
         try:
             if self.fast_decode:  # the prefill is compute-bound: plain weights serve it as well as packed ones
-                self._weights = DecodeWeights(self.model, rows)
+                self._weights = DecodeWeights(self.model, rows, self.decode_dtype)
             with packed_linears(self.model, rows) if self.pack_weights and not self.fast_decode else nullcontext():
                 for start in range(0, len(prompts), per_call):
                     out.extend(self._generate_chunk(prompts[start : start + per_call], params, num_samples))

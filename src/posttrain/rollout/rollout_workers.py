@@ -28,13 +28,15 @@ class GenerationHost:
             if p not in sys.path:
                 sys.path.insert(0, p)
         from posttrain.models import Policy
+        from posttrain.models.cpu_probe import decode_dtype
         from posttrain.rollout.hf_backend import HFBackend
 
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.policy = Policy.load(cfg.model)
         self.policy.model.eval().requires_grad_(False)
-        self.backend = HFBackend(self.policy.model, self.policy.tokenizer, batch_size, seed, cfg.model.pack_weights)
+        self.backend = HFBackend(self.policy.model, self.policy.tokenizer, batch_size, seed, cfg.model.pack_weights,
+                                 decode_dtype=decode_dtype(cfg.rollout.decode_dtype))
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> int:
         """Copy ``state`` (a full or partial state dict) into the model; returns the tensors copied."""
