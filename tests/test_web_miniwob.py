@@ -2,6 +2,7 @@
 and no browser process outlives the env (close, failed episodes, killed workers, recycling)."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -247,3 +248,42 @@ def test_concurrent_resets_share_one_browser():
             e._host = None
             e.close()
         host.close()
+
+
+def _first_observation(task):
+    env = MiniWoBEnv(tasks=["click-button"])
+    try:
+        play(env, env.tasks("eval")[0], MiniWoBExpert("click-button"))
+        return env.reset(options={"task": task})[0]  # in the page the first episode used
+    finally:
+        env.close()
+
+
+def test_episodes_of_one_task_reuse_the_page_and_start_afresh():
+    env = MiniWoBEnv(tasks=["click-button", "enter-text"], recycle_every=3)
+    try:
+        buttons = [t for t in env.tasks("eval") if t.metadata["task"] == "click-button"]
+        pages, goals = [], []
+        for task in buttons[:3]:
+            total, _ = play(env, task, MiniWoBExpert("click-button"))
+            assert total == 1.0  # solved in the reused page as in a fresh one
+            pages.append(env._page)
+            goals.append(env.goal)
+        assert pages[0] is pages[1] is pages[2] and len(set(goals)) > 1  # same page, new seeded problems
+        obs, _ = env.reset(options={"task": buttons[3]})  # a fourth episode: the page served its three
+        assert env._page is not pages[0]
+        fresh = MiniWoBEnv(tasks=["click-button"], reuse_page=False)
+        try:  # what a reused page shows (bids included) is what a freshly loaded one shows
+            site = re.compile(r"127\.0\.0\.1:\d+")  # each env serves the pages on a port of its own
+            assert site.sub("", fresh.reset(options={"task": buttons[2]})[0]) == site.sub("", _first_observation(buttons[2]))
+        finally:
+            fresh.close()
+        env.step("click('9999')")  # an episode left running is not reused: its page closes with it
+        other = next(t for t in env.tasks("eval") if t.metadata["task"] == "enter-text")
+        total, _ = play(env, other, MiniWoBExpert("enter-text"))
+        assert total == 1.0
+        page = env._page
+        total, _ = play(env, buttons[4], MiniWoBExpert("click-button"))  # another task page: a fresh one
+        assert total == 1.0 and env._page is not page
+    finally:
+        env.close()

@@ -68,8 +68,8 @@ class MiniWoBEnv(WebEnv):
     """MiniWoB++ task pages in Chromium; a task is a (page, seed) pair."""
 
     def __init__(self, tasks: Sequence[str] | None = None, tier: str = "easy", train_seeds: int = 500,
-                 eval_seeds: int = 20, **web: Any):
-        super().__init__(**web)
+                 eval_seeds: int = 20, reuse_page: bool = True, **web: Any):
+        super().__init__(reuse_page=reuse_page, **web)
         if tasks is None:
             if tier not in TIERS and tier != "all":
                 raise ValueError(f"env.kwargs.tier must be one of {', '.join([*TIERS, 'all'])}, got {tier!r}")
@@ -97,6 +97,12 @@ class MiniWoBEnv(WebEnv):
         await page.add_style_tag(content=_HIDE_CSS)
         await page.wait_for_function("typeof WOB_TASK_READY === 'undefined' || WOB_TASK_READY === true",
                                      timeout=self.load_timeout * 1000)
+        return await page.evaluate(_START_JS, int(task.metadata["seed"]))
+
+    async def _restart(self, page: Page, task: Task) -> str | None:
+        """The next episode in the same task page: reseed and restart it, as MiniWoB++'s own env does."""
+        if not page.url.endswith(f"/miniwob/{task.metadata['task']}.html"):
+            return None
         return await page.evaluate(_START_JS, int(task.metadata["seed"]))
 
     async def _outcome(self, page: Page, action: Action | None) -> tuple[float, bool, dict[str, Any]]:

@@ -23,6 +23,10 @@ MARK_ELEMENTS_JS = """(start) => {
   return next;
 }""" % (BID, BID)
 
+CLEAR_BIDS_JS = """() => {
+  for (const el of document.querySelectorAll('[%s]')) el.removeAttribute('%s');
+}""" % (BID, BID)
+
 # Layout-only roles: not printed, their children are shown one level up.
 _TRANSPARENT = {"generic", "none", "presentation", "InlineTextBox", "LineBreak", "LabelText", "Canvas", "Section",
                 "group", "paragraph", "div", "ListMarker", "MenuListPopup", "listitem"}
