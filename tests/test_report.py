@@ -158,3 +158,30 @@ def test_line_chart_ticks_and_empty_series():
     assert svg.count("<circle") == 2 and "not logged" not in svg
     assert "not logged" in line_chart("KL", [Series("kl", [])])
     assert json.loads(json.dumps(nice_ticks(3.0, 3.0)))  # a flat series still gets a range
+
+
+def test_web_screenshots_are_shown_beside_their_turn(browser, tiny_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    shots = tmp_path / "screenshots" / "ep-1"  # where a web env's screenshot_dir put them
+    shots.mkdir(parents=True)
+    page = browser.new_page(viewport={"width": 320, "height": 200})
+    page.set_content("<button>Submit</button>")
+    page.screenshot(path=str(shots / "step01.png"))
+    page.close()
+    task = Task("miniwob/click-button/1", "Click Submit.", 1, {"difficulty": 1})
+    traj = Trajectory(task=task, prompt_ids=[1, 2], completion_ids=[3, 4], loss_mask=[1, 0],
+                      behaviour_logprobs=[-1.0, 0.0], steps=[Step("click('4')", "page", 1.0, True, False,
+                                                                 {"screenshot": str(shots / "step01.png")})],
+                      reward=1.0, metadata={"step": 3})
+    TrajectoryStore(run_dir / "trajectories").append([traj], "web-run", 2)
+    run_cli("report", run_dir)
+    page = open_page(browser, run_dir / "report.html")
+    page.select_option("#f-step", "3")
+    image = page.locator("#episode-detail img.screenshot")
+    image.wait_for()
+    page.wait_for_function("document.querySelector('#episode-detail img.screenshot').complete")
+    assert image.evaluate("img => img.naturalWidth") == 320  # the file, loaded next to the report
+    assert image.get_attribute("src") == "../screenshots/ep-1/step01.png"
+    assert [m for m in page.messages if m[0] in ("error", "pageerror")] == []
+    page.close()

@@ -22,7 +22,8 @@ from posttrain.eval.run_data import RunData, load_run
 from posttrain.eval.viewer_data import asset, load_tokenizer_for, script_json, viewer_data
 
 # No request of any kind may leave the page; inline styles and scripts are ours.
-CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
+# Images: the charts' data URIs, and screenshots beside the report (relative paths, opened as files or served).
+CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data: 'self' file:"
 
 # (chart title, y label, [(split, metric, legend label)]); a chart none of whose metrics was
 # logged is left out.
@@ -135,9 +136,10 @@ def header_html(run: RunData) -> str:
     return f"<dl class=\"facts\">{items}</dl>{note}"
 
 
-def render_report(run: RunData, tokenizer, max_train: int = 3000, max_eval: int = 2000) -> str:
-    """The whole report page as one string."""
-    data = viewer_data(run, tokenizer, max_train, max_eval)
+def render_report(run: RunData, tokenizer, max_train: int = 3000, max_eval: int = 2000,
+                  report_dir: Path | None = None) -> str:
+    """The whole report page as one string (screenshots linked relative to ``report_dir``)."""
+    data = viewer_data(run, tokenizer, max_train, max_eval, report_dir)
     left_out = (f"<p class=\"note\">{data['left_out']} episodes left out to keep the file small (whole steps, "
                 "evenly spaced, are kept).</p>" if data["left_out"] else "")
     stored = ("" if run.trajectories else "<p class=\"note\">No training trajectories: the run did not write its "
@@ -170,5 +172,5 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, max_train: 
     run = load_run(run_dir)
     path = Path(out) if out else run.run_dir / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_report(run, load_tokenizer_for(run), max_train, max_eval))
+    path.write_text(render_report(run, load_tokenizer_for(run), max_train, max_eval, path.parent))
     return path

@@ -9,6 +9,7 @@ of a few thousand episodes stays a few megabytes.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,8 @@ def load_tokenizer_for(run: RunData):
 class _Tables:
     """Shared tables of decoded tokens and of prompts."""
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, report_dir: Path | None = None) -> None:
+        self.report_dir = report_dir  # screenshots are linked relative to it
         self.tokenizer = tokenizer
         self.ids: set[int] = set()
         self.prompts: list[list[int]] = []
@@ -80,17 +82,25 @@ class _Tables:
         return {str(i): t for i, t in zip(ordered, texts)}
 
 
-def _turns(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"action": s.get("action", ""), "observation": s.get("observation", ""),
-             "reward": s.get("reward", 0.0), "info": json.loads(json.dumps(s.get("info", {}), default=repr))}
-            for s in steps]
+def _turns(steps: list[dict[str, Any]], report_dir: Path | None) -> list[dict[str, Any]]:
+    out = []
+    for s in steps:
+        info = s.get("info") or {}
+        turn = {"action": s.get("action", ""), "observation": s.get("observation", ""),
+                "reward": s.get("reward", 0.0), "info": json.loads(json.dumps(info, default=repr))}
+        shot = info.get("screenshot") if isinstance(info, dict) else None
+        if report_dir is not None and isinstance(shot, str) and Path(shot).is_file():
+            # Referenced, not embedded: a browser run's screenshots would make the page hundreds of MB.
+            turn["screenshot"] = os.path.relpath(Path(shot).resolve(), report_dir.resolve())
+        out.append(turn)
+    return out
 
 
 def _entry(tables: _Tables, source: str, step: int, task_id: str, difficulty: str, prompt_text: str,
            outcome: dict[str, Any], steps: list[dict[str, Any]], prompt_ids: list[int] | None,
            completion_ids: list[int] | None, mask: list[int] | None) -> dict[str, Any]:
     entry = {"source": source, "step": step, "task": task_id, "difficulty": difficulty, "question": prompt_text,
-             **outcome, "turns": _turns(steps)}
+             **outcome, "turns": _turns(steps, tables.report_dir)}
     if prompt_ids is not None and completion_ids is not None and mask is not None:
         tables.ids.update(completion_ids)
         entry.update(prompt=tables.prompt(prompt_ids), completion=list(completion_ids),
@@ -117,10 +127,12 @@ def _eval_entry(tables: _Tables, step: int, row: dict[str, Any]) -> dict[str, An
                   row.get("loss_mask"))
 
 
-def viewer_data(run: RunData, tokenizer, max_train: int = 3000, max_eval: int = 2000) -> dict[str, Any]:
+def viewer_data(run: RunData, tokenizer, max_train: int = 3000, max_eval: int = 2000,
+                report_dir: Path | None = None) -> dict[str, Any]:
     """The viewer's JSON: ``episodes``, ``prompts`` (token ids) and ``vocab`` (id -> text), and
-    how many episodes were left out to stay within ``max_train`` and ``max_eval``."""
-    tables = _Tables(tokenizer)
+    how many episodes were left out to stay within ``max_train`` and ``max_eval``. Turns whose
+    environment saved a screenshot (the web envs' ``screenshot_dir``) link it relative to ``report_dir``."""
+    tables = _Tables(tokenizer, report_dir)
     sizes: dict[int, int] = {}
     for item in run.trajectories:
         sizes[item.step] = sizes.get(item.step, 0) + 1

@@ -101,6 +101,8 @@
       el("span", { class: "badge" }, `step reward ${fmt(turn.reward)}`), ...badges),
       el("div", { class: "label" }, "agent"), el("pre", { class: "action" }, turn.action));
     if (turn.observation) card.append(el("div", { class: "label" }, "observation"), el("pre", { class: "observation" }, turn.observation));
+    if (turn.screenshot) card.append(el("div", { class: "label" }, "screenshot after the action"),
+      el("img", { class: "screenshot", src: turn.screenshot, loading: "lazy", alt: `screenshot of turn ${i + 1}` }));
     return card;
   }
 
