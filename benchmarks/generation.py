@@ -5,7 +5,8 @@ batch 1, 8, 32 and 64 distinct prompts, and in the GRPO shape (4 prompts x 8 sam
 ``num_samples=8`` for posttrain and vLLM, ``num_return_sequences=8`` for ``generate``). Tokens/s
 counts the tokens each sequence generated up to and including its EOS (what the trainer
 receives), over the wall time of the call. The contenders alternate call by call; the table
-reports medians. Where vLLM is installed (``make test-vllm`` builds .venv-vllm), posttrain's vLLM
+reports medians. On a CPU with bf16 units, posttrain's bf16 decoding (``rollout.decode_dtype:
+bfloat16``) joins as its own column. Where vLLM is installed (``make test-vllm`` builds .venv-vllm), posttrain's vLLM
 backend joins as it runs in training: in this process, eager, on a copy of the same weights
 (``--vllm-dtype``, float32 by default like the trainer), and its engine start time is reported.
 
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 
 from posttrain.envs import make_env
+from posttrain.models.cpu_probe import bf16_decode_speedup
 from posttrain.models import load_model, load_tokenizer
 from posttrain.rollout import HFBackend, SamplingParams
 from posttrain.rollout.episodes import encode_prompt
@@ -82,6 +84,13 @@ def main() -> None:
         return hf_generate(model, tokenizer, batch, n, args.max_new_tokens)
 
     contenders = {"posttrain": ours, "model.generate": theirs}
+    if bf16_decode_speedup() > 0:  # a CPU with bf16 units: posttrain's bf16 decoding (rollout.decode_dtype)
+        bf16_backend = HFBackend(model, tokenizer, batch_size=64, seed=0, decode_dtype=torch.bfloat16)
+
+        def ours_bf16(batch: list[list[int]], n: int) -> int:
+            return sum(len(g.token_ids) for g in bf16_backend.generate(batch, params, num_samples=n))
+
+        contenders["posttrain bf16"] = ours_bf16
     vllm_start = None
     if not args.no_vllm and importlib.util.find_spec("vllm") is not None:
         from posttrain.config import VllmSection
@@ -128,6 +137,8 @@ def main() -> None:
         result["shapes"][shape] = {**median, "speedup": median["posttrain"] / base, "all": rates[shape]}
         if "vLLM" in median:
             result["shapes"][shape]["vllm_speedup"] = median["vLLM"] / base
+        if "posttrain bf16" in median:
+            result["shapes"][shape]["bf16_speedup"] = median["posttrain bf16"] / base
         table.add_row(shape, *(f"{median[n]:.0f}" for n in names),
                       *(f"{median[n] / base:.2f}x" for n in names[:1] + names[2:]))
     Console().print(table)

@@ -4,7 +4,8 @@ Three parts, medians reported:
 
 - ``env``: episodes/s of ``run_episodes`` with 0 (in process), 1, 2 and 4 env workers, on an env whose
   step waits on I/O (``io_envs.SleepEnv``, 0.2 s) and one whose step spins Python for 0.05 s
-  (``io_envs.BusyEnv``); generation is left out (every answer is one fixed token), so the figure is the
+  (``io_envs.BusyEnv``), and on the code sandbox (``code``: each answer runs against its task's unit
+  tests in bubblewrap); generation is left out (every answer is one fixed token), so the figure is the
   envs' own throughput;
 - ``async``: step time of ``posttrain train`` synchronous vs ``train.async_steps: 1`` (``--model``,
   the default model by default), first step excluded;
@@ -50,7 +51,12 @@ class FixedAnswer:
         return [Generation([self.eos_id], [0.0], "stop") for _ in range(len(prompts) * num_samples)]
 
 
-def env_throughput(env_id: str, workers: int, repeats: int, delay: float) -> float:
+# The env part's environments: a step that waits (sleeps), one that holds the GIL, and the real code
+# sandbox (each answer, empty, is run against the task's unit tests in a bubblewrap sandbox).
+ENVS = (("io_envs:SleepEnv", {"delay": 0.2}), ("io_envs:BusyEnv", {"delay": 0.05}), ("code", {}))
+
+
+def env_throughput(env_id: str, workers: int, repeats: int, kwargs: dict) -> float:
     """Median episodes/s over ``repeats`` batches of 16 single-turn episodes (4 tasks x 4 samples),
     generation excluded (a fixed one-token answer), so that the figure is the envs' own."""
     from posttrain.envs import make_env
@@ -58,7 +64,6 @@ def env_throughput(env_id: str, workers: int, repeats: int, delay: float) -> flo
     from posttrain.rollout import EnvPool, SamplingParams, run_episodes
     from posttrain.rollout.env_workers import RayEnvPool
 
-    kwargs = {"delay": delay}
     pool = (RayEnvPool(env_id, kwargs, workers, timeout=60.0) if workers else
             EnvPool(lambda: make_env(env_id, kwargs)))
     tokenizer = load_tokenizer("tiny-random")
@@ -85,10 +90,10 @@ def env_part(repeats: int) -> list[dict]:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config=LOCAL_SYSTEM_CONFIG)
     rows = []
     try:
-        for env_id, delay in (("io_envs:SleepEnv", 0.2), ("io_envs:BusyEnv", 0.05)):
+        for env_id, kwargs in ENVS:
             for workers in (0, 1, 2, 4):
-                rate = env_throughput(env_id, workers, repeats, delay)
-                rows.append({"part": "env", "env": env_id.split(":")[1], "workers": workers, "episodes_per_s": rate})
+                rate = env_throughput(env_id, workers, repeats, kwargs)
+                rows.append({"part": "env", "env": env_id.split(":")[-1], "workers": workers, "episodes_per_s": rate})
                 print(rows[-1], flush=True)
     finally:
         ray.shutdown()
