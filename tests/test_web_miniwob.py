@@ -283,7 +283,7 @@ def test_episodes_of_one_task_reuse_the_page_and_start_afresh():
         total, _ = play(env, other, MiniWoBExpert("enter-text"))
         assert total == 1.0
         page = env._page
-        total, _ = play(env, buttons[4], MiniWoBExpert("click-button"))  # another task page: a fresh one
-        assert total == 1.0 and env._page is not page
+        total, _ = play(env, buttons[4], MiniWoBExpert("click-button"))  # another task's page, same tab
+        assert total == 1.0 and env._page is page and page.url.endswith("/click-button.html")
     finally:
         env.close()

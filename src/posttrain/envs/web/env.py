@@ -8,10 +8,10 @@ wrong if anything did. The context is closed when the episode ends, when the nex
 when a call fails, and at ``close()``.
 
 With ``reuse_page`` (MiniWoB's default, as MiniWoB++'s own environment does), an episode that
-ended normally leaves its page open, and the next episode of the same task page restarts in it
-(:meth:`WebEnv._restart`) instead of opening a new context and loading the page again: about 1 s
-less per episode on 2 cores. A page serves at most ``recycle_every`` episodes; any failure still
-closes it.
+ended normally leaves its page open, and the next episode starts in it (:meth:`WebEnv._restart`:
+MiniWoB restarts a task page in place, or loads the next task's page in the same tab) instead of
+in a new context with a new renderer. A page serves at most ``recycle_every`` episodes; any
+failure still closes it.
 
 Subclasses (MiniWoB++, the shop) say how an episode starts (:meth:`WebEnv._start`) and what an
 action earned (:meth:`WebEnv._outcome`).

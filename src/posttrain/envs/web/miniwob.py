@@ -100,9 +100,10 @@ class MiniWoBEnv(WebEnv):
         return await page.evaluate(_START_JS, int(task.metadata["seed"]))
 
     async def _restart(self, page: Page, task: Task) -> str | None:
-        """The next episode in the same task page: reseed and restart it, as MiniWoB++'s own env does."""
+        """The next episode in the page of the last one: in the same task page, reseed and restart it
+        (as MiniWoB++'s own env does); another task's page loads in the same tab."""
         if not page.url.endswith(f"/miniwob/{task.metadata['task']}.html"):
-            return None
+            return await self._start(page, task)
         return await page.evaluate(_START_JS, int(task.metadata["seed"]))
 
     async def _outcome(self, page: Page, action: Action | None) -> tuple[float, bool, dict[str, Any]]:
