@@ -2,7 +2,8 @@
 
 Throughput: scripted experts play whole episodes (resets included) with 1 and 2 workers; a
 worker is a thread with its own env instance, as posttrain's rollout runs them (the workers of a
-process share one Chromium, each episode in a fresh browser context). Three envs:
+process share one Chromium; MiniWoB episodes reuse their worker's tab, shop episodes get a fresh
+browser context each). Three envs:
 
 - ``miniwob``: posttrain's MiniWoB++ env on the expert-solvable easy tasks (Playwright, accessibility tree);
 - ``web_shop``: the shop, about nine page loads per episode;
