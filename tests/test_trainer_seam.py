@@ -114,3 +114,16 @@ def test_skipping_zero_advantage_rows_leaves_the_gradient_unchanged():
     assert full[[1, 3]].abs().sum() == 0
     # With a KL term every row has a gradient, so none is skipped.
     assert Algorithm(AlgorithmSection(group_size=2, beta=0.1), max_new_tokens=4).trained_rows(batch).tolist() == [0, 1, 2, 3]
+
+
+def test_selecting_no_rows_gives_an_empty_batch():
+    # A data-parallel rank whose groups all have equal rewards trains no row but still takes part in
+    # the gradient all-reduce: its empty selection must not fail (it did: max() of nothing).
+    from posttrain.types import Batch
+
+    ones = torch.ones(2, 5, dtype=torch.long)
+    batch = Batch(input_ids=ones, attention_mask=ones, loss_mask=ones.float(), advantages=torch.zeros(2, 5),
+                  prompt_lengths=torch.tensor([2, 2]))
+    empty = batch.select(torch.tensor([], dtype=torch.long))
+    assert len(empty) == 0 and empty.input_ids.shape == (0, 1)
+    assert len(empty.select(torch.tensor([], dtype=torch.long))) == 0

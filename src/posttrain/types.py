@@ -123,8 +123,10 @@ class Batch:
         return int(self.input_ids.shape[0])
 
     def select(self, index: torch.Tensor | slice) -> "Batch":
-        """Rows ``index`` of every tensor, trimmed to the longest remaining sequence."""
-        width = int(self.attention_mask[index].sum(dim=1).max().item())
+        """Rows ``index`` of every tensor, trimmed to the longest remaining sequence (an empty
+        selection keeps one column: a data-parallel rank with no trainable rows still takes part)."""
+        lengths = self.attention_mask[index].sum(dim=1)
+        width = int(lengths.max().item()) if lengths.numel() else 1
 
         def take(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t[index][:, :width]

@@ -92,7 +92,7 @@ class BrowserHost:
         # Touched only on the loop thread:
         self._playwright: Playwright | None = None
         self._browser: Browser | None = None
-        self._episodes = 0  # contexts opened on the current browser
+        self._episodes = 0  # episodes started on the current browser (new contexts and reused pages)
         self._open: dict[Browser, set[BrowserContext]] = {}
         self._switching = asyncio.Lock()
         # Episodes opening their first page at once (a rollout resets all its envs together) share
@@ -129,6 +129,14 @@ class BrowserHost:
         if browser in self._open:
             self._open[browser].add(context)
         return context
+
+    def claim_episode(self) -> bool:
+        """Count an episode that reuses an open page (loop thread only); False when the browser is gone
+        or due for recycling, and the caller should open a new context instead (which recycles it)."""
+        if self._browser is None or not self._browser.is_connected() or self._episodes >= self.recycle_every:
+            return False
+        self._episodes += 1
+        return True
 
     async def close_context(self, context: BrowserContext) -> None:
         """Close an episode's context; a retired browser whose last context this was closes too."""

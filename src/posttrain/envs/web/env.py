@@ -11,7 +11,8 @@ With ``reuse_page`` (MiniWoB's default, as MiniWoB++'s own environment does), an
 ended normally leaves its page open, and the next episode starts in it (:meth:`WebEnv._restart`:
 MiniWoB restarts a task page in place, or loads the next task's page in the same tab) instead of
 in a new context with a new renderer. A page serves at most ``recycle_every`` episodes; any
-failure still closes it.
+failure still closes it. Every episode counts towards the browser's recycling (``recycle_every``
+episodes, reused pages included).
 
 Subclasses (MiniWoB++, the shop) say how an episode starts (:meth:`WebEnv._start`) and what an
 action earned (:meth:`WebEnv._outcome`).
@@ -70,7 +71,6 @@ class WebEnv(gym.Env):
         self.viewport = {"width": int(viewport[0]), "height": int(viewport[1])}
         self.reuse_page = reuse_page
         self._live = False  # an episode is running (its page may outlive it, parked for the next one)
-        self._page_uses = 0  # episodes the open page has served
         self.task: Task | None = None
         self.goal = ""
         self.steps = 0
@@ -118,7 +118,7 @@ class WebEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         task = task_for_reset(self, options)
-        reuse = self._live is False and self._page is not None and self._page_uses < self.recycle_every
+        reuse = self._live is False and self._page is not None
         if not reuse:
             self._end_episode()
         self.task, self.steps, self._next_bid = task, 0, 0
@@ -168,18 +168,18 @@ class WebEnv(gym.Env):
     async def _begin(self, task: Task, reuse: bool) -> tuple[str, dict[str, Any]]:
         goal = None
         if reuse:
-            try:
-                await self._page.evaluate(CLEAR_BIDS_JS)  # bids restart at 0 for the new episode
-                goal = await self._restart(self._page, task)
-            except Exception:  # noqa: BLE001 - a page that cannot restart is replaced by a fresh one
-                goal = None
+            if self._host.claim_episode():  # else the browser is due for recycling: a new one serves
+                try:
+                    await self._page.evaluate(CLEAR_BIDS_JS)  # bids restart at 0 for the new episode
+                    goal = await self._restart(self._page, task)
+                except Exception:  # noqa: BLE001 - a page that cannot restart is replaced by a fresh one
+                    goal = None
             if goal is None:
                 await self._host.close_context(self._context)
                 self._context = self._page = None
         if goal is None:
             goal = await self._open(task)
         self.goal = goal
-        self._page_uses += 1
         info: dict[str, Any] = {"goal": self.goal}
         await self._shoot(info)
         return await self._observe(""), info
@@ -191,7 +191,6 @@ class WebEnv(gym.Env):
             self._context.set_default_timeout(self.action_timeout * 1000)
             self._context.set_default_navigation_timeout(self.load_timeout * 1000)
             self._page = await self._context.new_page()
-            self._page_uses = 0
             return await self._start(self._page, task)
 
     async def _act(self, action: Action | None, error: str) -> tuple[str, float, bool, dict[str, Any]]:
