@@ -20,9 +20,12 @@ def cpu_model_and_flags() -> tuple[str, list[str]]:
     info = Path("/proc/cpuinfo")
     model = platform.processor() or platform.machine()
     if info.is_file():
-        names = [line.partition(":")[2].strip() for line in info.read_text().splitlines()
-                 if line.startswith("model name")]
-        model = names[0] if names else model
+        fields: dict[str, str] = {}
+        for line in info.read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+        # Machines of one name differ by generation (an "AMD EPYC" was Zen 4 in one VM, Zen 5 in another).
+        model = f"{fields.get('model name', model)} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
     return model, [f for f in FLAGS if f in cpu_flags()]
 
 
