@@ -181,6 +181,13 @@ def test_fast_decode_handles_attention_biases_and_leaves_other_architectures_alo
     fast, generic = _fast_and_generic(qwen, tokenizer, prompt_ids(tokenizer), SamplingParams(temperature=1.0,
                                                                                             max_new_tokens=12))
     assert [g.token_ids for g in fast] == [g.token_ids for g in generic]
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    biased = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                          num_hidden_layers=1, num_attention_heads=4, attention_bias=True)).eval()
+    backend = HFBackend(biased, tokenizer)  # an output-projection bias: the fused step steps aside
+    gens = backend.generate(prompt_ids(tokenizer), SamplingParams(temperature=0, max_new_tokens=4))
+    assert not backend.fast_decode and all(len(g.token_ids) == 4 for g in gens)
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2)).eval()
     assert not supports(gpt2)
     gens = HFBackend(gpt2, tokenizer).generate(prompt_ids(tokenizer), SamplingParams(temperature=0, max_new_tokens=4))

@@ -63,7 +63,10 @@ class HFBackend:
         rows = min(len(prompts), per_call) * num_samples
         try:
             if self.fast_decode:  # the prefill is compute-bound: plain weights serve it as well as packed ones
-                self._weights = DecodeWeights(self.model, rows, self.decode_dtype)
+                try:
+                    self._weights = DecodeWeights(self.model, rows, self.decode_dtype)
+                except ValueError:  # a layer the fused step does not know (e.g. an output bias): the generic loop
+                    self.fast_decode, self.decode_dtype, self.same_logprobs_as_trainer = False, torch.float32, True
             with packed_linears(self.model, rows) if self.pack_weights and not self.fast_decode else nullcontext():
                 for start in range(0, len(prompts), per_call):
                     out.extend(self._generate_chunk(prompts[start : start + per_call], params, num_samples))
