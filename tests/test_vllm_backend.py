@@ -174,24 +174,27 @@ def test_lora_adapters_are_merged_into_the_engines_weights(model_dir):
 
 @needs_vllm
 def test_grpo_trains_with_the_vllm_backend(model_dir, tmp_path):
-    """The trainer on vLLM: every step logs the sampler/trainer gap and its TIS weights, and the
-    engine is given the new weights after each update (its greedy output is the HF backend's)."""
+    """The trainer on vLLM: every step that trains logs the sampler/trainer gap and its TIS weights
+    (measured in the training pass), and the engine is given the new weights after each update (its
+    greedy output is the HF backend's)."""
     from posttrain.train import Trainer
 
     cfg = load_config(None, [f"model.name={model_dir}", "model.device=cpu", "rollout.backend=vllm",
                              "rollout.vllm.kv_cache_gb=0.25", "rollout.vllm.max_model_len=512", "env.id=arithmetic",
                              "algorithm.group_size=4", "train.tasks_per_step=2", "rollout.max_new_tokens=8",
                              "train.learning_rate=1e-2", "eval.num_tasks=4", "eval.max_new_tokens=8",
+                             # rewards that differ row by row, so that every step trains
+                             "reward.components=[{name: 'user_rewards:answer_length_bonus'}]",
                              f"output_dir={tmp_path}"])
     trainer = Trainer(cfg)
     prompts = _prompts(trainer.policy.tokenizer, 3)
     before = [g.token_ids for g in trainer.ctx.backend.generate(prompts, GREEDY)]
     steps = [trainer.train_step() for _ in range(2)]
+    assert all(m["optimizer_steps"] for m in steps)
     for m in steps:
         assert 0 <= m["logprob_mismatch"] < 1e-3  # float32 on both sides: rounding only
         assert 0 < m["tis_weight_mean"] <= cfg.algorithm.tis_cap
     after = [g.token_ids for g in trainer.ctx.backend.generate(prompts, GREEDY)]
     hf = HFBackend(trainer.policy.model, trainer.policy.tokenizer, pack_weights=False)
     assert after == [g.token_ids for g in hf.generate(prompts, GREEDY)]
-    if any(m["optimizer_steps"] for m in steps):
-        assert after != before
+    assert after != before
