@@ -84,6 +84,8 @@ def test_rollout_workers_generate_with_the_weights_of_the_latest_update(tmp_path
     local = HFBackend(policy.model, policy.tokenizer, pack_weights=False).generate(prompts, greedy)
     remote = trainer.ctx.backend.generate(prompts, greedy)
     assert [g.token_ids for g in remote] == [g.token_ids for g in local]
+    # The workers keep their own sampling state: a checkpoint saves without it (it failed to, before).
+    assert (trainer.save() / "trainer_state.pt").is_file()
     trainer.ctx.close()
 
 

@@ -195,6 +195,7 @@ def test_grpo_trains_with_the_vllm_backend(model_dir, tmp_path):
         assert 0 <= m["logprob_mismatch"] < 1e-3  # float32 on both sides: rounding only
         assert 0 < m["tis_weight_mean"] <= cfg.algorithm.tis_cap
     after = [g.token_ids for g in trainer.ctx.backend.generate(prompts, GREEDY)]
+    assert (trainer.save() / "trainer_state.pt").is_file()  # vLLM keeps its own sampling state
     hf = HFBackend(trainer.policy.model, trainer.policy.tokenizer, pack_weights=False)
     assert after == [g.token_ids for g in hf.generate(prompts, GREEDY)]
     assert after != before

@@ -206,7 +206,10 @@ class RunContext:
     def save_checkpoint(self, step: int, optimizer, scheduler, extra: dict) -> Path:
         """Rank 0 writes it; with FSDP every rank takes part in gathering the weights, and the sharded
         optimiser state is left out (FSDP runs do not resume yet)."""
-        extra = {**extra, "rng": {"backend": self.backend.generator.get_state(), "envs": self.envs.rng_states()}}
+        # An engine with its own sampling state (vLLM, rollout workers) has no generator to save here.
+        generator = getattr(self.backend, "generator", None)
+        extra = {**extra, "rng": {"backend": generator.get_state() if generator is not None else None,
+                                  "envs": self.envs.rng_states()}}
         full = self.dist.full_state_dict(self.policy.model)
         if self.dist.is_main:
             save_checkpoint(self.run_dir, step, self.policy, None if self.dist.fsdp else optimizer, scheduler, extra,
@@ -217,7 +220,9 @@ class RunContext:
         """Python's, torch's, the backend's and every env instance's generators, as a checkpoint saved them."""
         random.setstate(state["python_rng"])
         torch.set_rng_state(state["torch_rng"])
-        self.backend.generator.set_state(state["rng"]["backend"])
+        generator = getattr(self.backend, "generator", None)
+        if generator is not None and state["rng"]["backend"] is not None:
+            generator.set_state(state["rng"]["backend"])
         self.envs.load_rng_states(state["rng"]["envs"])
 
     def write_summary(self, summary: dict) -> None:
