@@ -3,8 +3,8 @@
 Why our own and not the model's ``forward``: at the batch sizes of RL on a CPU (1 to 64 rows, one
 new token each), Hugging Face's forward spends more time in Python and small tensor operations
 (per-step mask construction, the growing ``DynamicCache``, per-projection matmuls, the
-rotary-embedding module) than in the matmuls: on the default model at batch 1, about 30 of its
-~33 ms per token. Here each decoder layer is a handful of operations: RMSNorm, one fused
+rotary-embedding module) as in the matmuls: on the default model at batch 1, about half of its
+~30 ms per token. Here each decoder layer is a handful of operations: RMSNorm, one fused
 q/k/v matmul, rotary embedding on q and k together, the new key and value written into a
 preallocated cache, grouped-query attention as two batched matmuls over the cache (no
 repetition of the KV heads), one output matmul, RMSNorm, one fused gate/up matmul and the down
