@@ -1,7 +1,7 @@
 """A decode step for Llama-family models with little Python per token, on packed weights and a static KV cache.
 
 Why our own and not the model's ``forward``: at the batch sizes of RL on a CPU (1 to 64 rows, one
-new token each), Hugging Face's forward spends more time in Python and small tensor operations
+new token each), Hugging Face's forward spends as much time in Python and small tensor operations
 (per-step mask construction, the growing ``DynamicCache``, per-projection matmuls, the
 rotary-embedding module) as in the matmuls: on the default model at batch 1, about half of its
 ~30 ms per token. Here each decoder layer is a handful of operations: RMSNorm, one fused
