@@ -22,6 +22,8 @@ from the SFT policy); pi_phi's weights and optimiser state are part of the run's
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -53,6 +55,18 @@ def step_sums(token_rewards: list[float], ends: list[int]) -> list[float]:
     return out
 
 
+@dataclass
+class _Chunk:
+    """A piece of the batch, padded: its trajectories, ids, attention and loss masks, and the
+    reference's log-probs of its tokens."""
+
+    trajectories: list[Trajectory]
+    ids: torch.Tensor
+    attention: torch.Tensor
+    mask: torch.Tensor
+    reference: torch.Tensor
+
+
 class ImplicitPRMScorer:
     """``reward.components: [{name: implicit_prm, kwargs: {model: ..., beta: 0.05, learning_rate: 1e-6}}]``.
 
@@ -82,47 +96,51 @@ class ImplicitPRMScorer:
     def solved(self, t: Trajectory) -> bool:
         return t.correct or t.reward >= self.threshold
 
-    def _tensors(self, chunk: list[Trajectory]):
-        rows = [t.prompt_ids + t.completion_ids for t in chunk]
-        ids, attention = padded(rows, int(self.tokenizer.pad_token_id or 0))
-        mask = torch.zeros_like(ids, dtype=torch.float32)
-        for b, t in enumerate(chunk):
-            mask[b, len(t.prompt_ids) : len(t.prompt_ids) + len(t.loss_mask)] = torch.tensor(t.loss_mask,
-                                                                                             dtype=torch.float32)
-        return ids, attention, mask
+    @torch.no_grad()
+    def _chunks(self, trajectories: list[Trajectory]) -> list[_Chunk]:
+        """The batch in ``batch_size`` pieces, padded, with the frozen reference's log-probs computed
+        once (the update and the scoring both need them)."""
+        out = []
+        for s in range(0, len(trajectories), self.batch_size):
+            part = trajectories[s : s + self.batch_size]
+            ids, attention = padded([t.prompt_ids + t.completion_ids for t in part],
+                                    int(self.tokenizer.pad_token_id or 0))
+            mask = torch.zeros_like(ids, dtype=torch.float32)
+            for b, t in enumerate(part):
+                mask[b, len(t.prompt_ids) : len(t.prompt_ids) + len(t.loss_mask)] = torch.tensor(
+                    t.loss_mask, dtype=torch.float32)
+            reference, _ = token_logprobs(self.reference, ids, attention, positions=mask)
+            out.append(_Chunk(part, ids, attention, mask, reference))
+        return out
 
-    def _token_rewards(self, ids, attention, mask) -> torch.Tensor:
-        logprobs, _ = token_logprobs(self.model, ids, attention, positions=mask)
-        with torch.no_grad():
-            ref, _ = token_logprobs(self.reference, ids, attention, positions=mask)
-        return implicit_token_rewards(logprobs, ref, self.beta) * mask
+    def _token_rewards(self, chunk: _Chunk) -> torch.Tensor:
+        logprobs, _ = token_logprobs(self.model, chunk.ids, chunk.attention, positions=chunk.mask)
+        return implicit_token_rewards(logprobs, chunk.reference, self.beta) * chunk.mask
 
-    def update(self, trajectories: list[Trajectory]) -> float:
+    def update(self, chunks: list[_Chunk]) -> float:
         """``updates`` optimiser steps of the outcome loss over the batch; the mean loss."""
-        labels = [float(self.solved(t)) for t in trajectories]
+        total = sum(len(c.trajectories) for c in chunks)
         self.model.train()
         losses = []
         for _ in range(self.updates):
             self.optimizer.zero_grad(set_to_none=True)
-            for s in range(0, len(trajectories), self.batch_size):
-                chunk = trajectories[s : s + self.batch_size]
-                ids, attention, mask = self._tensors(chunk)
-                loss = outcome_loss(self._token_rewards(ids, attention, mask), mask,
-                                    torch.tensor(labels[s : s + self.batch_size]))
-                (loss * len(chunk) / len(trajectories)).backward()
+            for chunk in chunks:
+                labels = torch.tensor([float(self.solved(t)) for t in chunk.trajectories])
+                loss = outcome_loss(self._token_rewards(chunk), chunk.mask, labels)
+                (loss * len(chunk.trajectories) / total).backward()
                 losses.append(float(loss.detach()))
             self.optimizer.step()
         self.model.eval()
         return sum(losses) / len(losses) if losses else 0.0
 
     @torch.no_grad()
-    def _score(self, trajectories: list[Trajectory]) -> list[list[tuple[int, float]]]:
+    def _score(self, trajectories: list[Trajectory],
+               chunks: list[_Chunk] | None = None) -> list[list[tuple[int, float]]]:
+        """Per trajectory, ``(step end, summed implicit reward)`` pairs (``chunks``: the batch already prepared)."""
         out: list[list[tuple[int, float]]] = []
-        for s in range(0, len(trajectories), self.batch_size):
-            chunk = trajectories[s : s + self.batch_size]
-            ids, attention, mask = self._tensors(chunk)
-            rewards = self._token_rewards(ids, attention, mask)
-            for b, t in enumerate(chunk):
+        for chunk in chunks if chunks is not None else self._chunks(trajectories):
+            rewards = self._token_rewards(chunk)
+            for b, t in enumerate(chunk.trajectories):
                 if not t.completion_ids:
                     out.append([])
                     continue
@@ -133,9 +151,12 @@ class ImplicitPRMScorer:
         return out
 
     def dense(self, trajectories: list[Trajectory]) -> list[list[tuple[int, float]]]:
+        # Failed episodes get no reward (the composer drops them), so they are neither trained on nor scored.
         scorable = [t for t in trajectories if t.error is None and t.completion_ids]
-        loss = self.update(scorable) if scorable and self.updates else 0.0
-        out = self._score(trajectories)
+        chunks = self._chunks(scorable)
+        loss = self.update(chunks) if chunks and self.updates else 0.0
+        scored = dict(zip(map(id, scorable), self._score(scorable, chunks)))
+        out = [scored.get(id(t), []) for t in trajectories]
         solved = [sum(r for _, r in steps) for steps, t in zip(out, trajectories) if self.solved(t)]
         failed = [sum(r for _, r in steps) for steps, t in zip(out, trajectories) if not self.solved(t)]
         self.last_metrics = {"loss": loss,
