@@ -85,7 +85,7 @@ def main() -> None:
 
     contenders = {"posttrain": ours, "model.generate": theirs}
     if bf16_decode_speedup() > 0:  # a CPU with bf16 units: posttrain's bf16 decoding (rollout.decode_dtype)
-        bf16_backend = HFBackend(model, tokenizer, batch_size=64, seed=0, decode_dtype=torch.bfloat16)
+        bf16_backend = HFBackend(model, tokenizer, batch_size=64, seed=0, decode_dtype="bfloat16")
 
         def ours_bf16(batch: list[list[int]], n: int) -> int:
             return sum(len(g.token_ids) for g in bf16_backend.generate(batch, params, num_samples=n))

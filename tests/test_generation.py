@@ -199,7 +199,7 @@ def test_bf16_decoding_is_close_to_the_trainer_and_says_it_is_not_its_own(tiny_m
 
     if not has_bf16_units():
         pytest.skip("bf16 decoding is for CPUs with bf16 units")
-    backend = HFBackend(tiny_model, tokenizer, seed=2, decode_dtype=torch.bfloat16)
+    backend = HFBackend(tiny_model, tokenizer, seed=2, decode_dtype="bfloat16")
     assert not backend.same_logprobs_as_trainer  # the trainer must not reuse these as its own
     prompts = prompt_ids(tokenizer)
     gens = backend.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=10))

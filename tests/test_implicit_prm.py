@@ -37,7 +37,8 @@ def _trajectory(tokenizer, text: str, correct: bool) -> Trajectory:
 def test_online_updates_separate_solved_from_failed_outcomes(tokenizer):
     torch.manual_seed(0)
     scorer = ImplicitPRMScorer("tiny-random", beta=0.5, learning_rate=1e-3)
-    batch = [_trajectory(tokenizer, "3 + 4 = 7\nAnswer: 7", True), _trajectory(tokenizer, "3 + 4 = 8\nAnswer: 8", False)] * 2
+    batch = [_trajectory(tokenizer, "3 + 4 = 7\nAnswer: 7", True),
+             _trajectory(tokenizer, "3 + 4 = 8\nAnswer: 8", False)] * 2
     before = scorer._score(batch)
     assert all(r == pytest.approx(0.0, abs=1e-5) for steps in before for _, r in steps)  # pi_phi = pi_ref at start
     gaps = []

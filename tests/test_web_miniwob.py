@@ -275,7 +275,8 @@ def test_episodes_of_one_task_reuse_the_page_and_start_afresh():
         fresh = MiniWoBEnv(tasks=["click-button"], reuse_page=False)
         try:  # what a reused page shows (bids included) is what a freshly loaded one shows
             site = re.compile(r"127\.0\.0\.1:\d+")  # each env serves the pages on a port of its own
-            assert site.sub("", fresh.reset(options={"task": buttons[2]})[0]) == site.sub("", _first_observation(buttons[2]))
+            reused = _first_observation(buttons[2])
+            assert site.sub("", fresh.reset(options={"task": buttons[2]})[0]) == site.sub("", reused)
         finally:
             fresh.close()
         env.step("click('9999')")  # an episode left running is not reused: its page closes with it

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 
 from posttrain.config import ConfigError, RunConfig
-from posttrain.models.cpu_probe import decode_dtype
 from posttrain.rollout.backend import GenerationBackend
 from posttrain.rollout.hf_backend import HFBackend
 
@@ -43,4 +42,4 @@ def make_backend(cfg: RunConfig, policy, batch_size: int | None = None) -> Gener
         return VLLMBackend(policy.model, policy.tokenizer, cfg.rollout.vllm, batch_size=batch_size,
                            max_model_len=cfg.rollout.max_context_tokens, seed=cfg.seed)
     return HFBackend(policy.model, policy.tokenizer, batch_size, cfg.seed, policy.pack_weights,
-                     decode_dtype=decode_dtype(cfg.rollout.decode_dtype))
+                     decode_dtype=cfg.rollout.decode_dtype)

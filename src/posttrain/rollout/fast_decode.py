@@ -16,8 +16,9 @@ log-probabilities agree with the trainer's forward pass to float rounding, which
 relies on when it reuses them as the old policy's. In bfloat16 (``rollout.decode_dtype``) the
 matmuls take bf16 weights and inputs (everything else stays float32): 1.4-1.75x faster decoding on
 a CPU with bf16 units, at the price of log-probabilities that differ from the trainer's, which the
-trainer then treats as another engine's (``HFBackend.same_logprobs_as_trainer``). Models this module does not recognise (other
-architectures, biases in the MLP, sliding windows, a non-SiLU activation) use the generic path.
+trainer then treats as another engine's (``HFBackend.same_logprobs_as_trainer``). Models this
+module does not recognise (other architectures, biases in the MLP or the output projection,
+sliding windows, a non-SiLU activation) use the generic path.
 """
 
 from __future__ import annotations

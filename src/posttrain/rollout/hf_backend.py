@@ -19,6 +19,7 @@ from contextlib import nullcontext
 import torch
 from transformers import DynamicCache
 
+from posttrain.models.cpu_probe import decode_dtype as resolve_decode_dtype
 from posttrain.models.logprobs import cache_kwarg
 from posttrain.models.packed_linear import packed_linears
 from posttrain.rollout.fast_decode import DecodeWeights, StaticCache, decode_step, supports
@@ -32,15 +33,16 @@ class HFBackend:
     same_logprobs_as_trainer = True
 
     def __init__(self, model, tokenizer, batch_size: int = 64, seed: int = 0, pack_weights: bool = True,
-                 fast_decode: bool = True, decode_dtype: torch.dtype = torch.float32):
+                 fast_decode: bool = True, decode_dtype: str = "float32"):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.device = next(model.parameters()).device
         self.pack_weights = pack_weights and self.device.type == "cpu"  # oneDNN packing is a CPU path
         self.fast_decode = fast_decode and self.pack_weights and supports(model)
-        # bf16 decoding needs the fast path; its log-probs are then not the trainer's (float32) own.
-        self.decode_dtype = decode_dtype if self.fast_decode else torch.float32
+        # ``rollout.decode_dtype`` (float32, bfloat16, auto: by the CPU probe). bf16 decoding needs the
+        # fast path; its log-probs are then not the trainer's (float32) own.
+        self.decode_dtype = resolve_decode_dtype(decode_dtype) if self.fast_decode else torch.float32
         self.same_logprobs_as_trainer = self.decode_dtype == torch.float32
         self._weights: DecodeWeights | None = None  # of the current generate() call
         self.eos_ids = eos_token_ids(model, tokenizer)

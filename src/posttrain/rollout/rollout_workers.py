@@ -28,7 +28,6 @@ class GenerationHost:
             if p not in sys.path:
                 sys.path.insert(0, p)
         from posttrain.models import Policy
-        from posttrain.models.cpu_probe import decode_dtype
         from posttrain.rollout.hf_backend import HFBackend
 
         if cfg.train.threads:
@@ -36,7 +35,7 @@ class GenerationHost:
         self.policy = Policy.load(cfg.model)
         self.policy.model.eval().requires_grad_(False)
         self.backend = HFBackend(self.policy.model, self.policy.tokenizer, batch_size, seed, cfg.model.pack_weights,
-                                 decode_dtype=decode_dtype(cfg.rollout.decode_dtype))
+                                 decode_dtype=cfg.rollout.decode_dtype)
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> int:
         """Copy ``state`` (a full or partial state dict) into the model; returns the tensors copied."""

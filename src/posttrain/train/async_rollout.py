@@ -22,7 +22,6 @@ from contextlib import contextmanager
 
 import torch
 
-from posttrain.models.cpu_probe import decode_dtype
 from posttrain.rollout import HFBackend, SamplingParams, run_episodes
 from posttrain.types import Task, Trajectory
 
@@ -39,7 +38,7 @@ class AsyncSampler:
         self._sample = sample
         self.snapshot = copy.deepcopy(ctx.policy.model).eval().requires_grad_(False)
         self.backend = HFBackend(self.snapshot, ctx.policy.tokenizer, cfg.rollout.batch_size, cfg.seed + 7919,
-                                 cfg.model.pack_weights, decode_dtype=decode_dtype(cfg.rollout.decode_dtype))
+                                 cfg.model.pack_weights, decode_dtype=cfg.rollout.decode_dtype)
         self.envs = ctx.make_envs()  # the trainer evaluates with ctx.envs meanwhile
         self.version = 0  # updates the trainer has made
         self._snapshot_version = 0

@@ -20,7 +20,6 @@ from posttrain.envs import EnvError, make_env
 from posttrain.eval import EvalResult, evaluate
 from posttrain.eval.evaluate import merge_results
 from posttrain.models import Policy
-from posttrain.models.cpu_probe import decode_dtype
 from posttrain.rollout import EnvPool, HFBackend, SamplingParams, check_backend, make_backend, run_episodes
 from posttrain.rollout.env_workers import RayEnvPool
 from posttrain.rollout.ray_runtime import RayRuntime
@@ -91,7 +90,7 @@ class RunContext:
         if cfg.rollout.backend == "hf":
             pack = self.policy.pack_weights and not cfg.train.fsdp  # packing would copy the gathered weights
             return HFBackend(self.policy.model, self.policy.tokenizer, batch, cfg.seed + self.dist.rank, pack,
-                             decode_dtype=decode_dtype(cfg.rollout.decode_dtype))
+                             decode_dtype=cfg.rollout.decode_dtype)
         return make_backend(cfg, self.policy, generation_batch)
 
     def make_envs(self) -> EnvPool | RayEnvPool:

@@ -10,9 +10,8 @@ when a call fails, and at ``close()``.
 With ``reuse_page`` (MiniWoB's default, as MiniWoB++'s own environment does), an episode that
 ended normally leaves its page open, and the next episode starts in it (:meth:`WebEnv._restart`:
 MiniWoB restarts a task page in place, or loads the next task's page in the same tab) instead of
-in a new context with a new renderer. A page serves at most ``recycle_every`` episodes; any
-failure still closes it. Every episode counts towards the browser's recycling (``recycle_every``
-episodes, reused pages included).
+in a new context with a new renderer. Any failure still closes the page, and every episode,
+reused pages included, counts towards the browser's recycling (``recycle_every``).
 
 Subclasses (MiniWoB++, the shop) say how an episode starts (:meth:`WebEnv._start`) and what an
 action earned (:meth:`WebEnv._outcome`).
@@ -34,7 +33,8 @@ from playwright.async_api import BrowserContext, Page
 from posttrain.envs.base import CHARSET, MAX_TEXT, Split, task_for_reset
 from posttrain.envs.web.actions import USAGE, Action, ActionError, parse_action, run_action
 from posttrain.envs.web.browser import BrowserHost, acquire_host, release_host
-from posttrain.envs.web.observation import CLEAR_BIDS_JS, MARK_ELEMENTS_JS, bids_by_backend_id, flatten_ax_tree, render_observation
+from posttrain.envs.web.observation import (CLEAR_BIDS_JS, MARK_ELEMENTS_JS, bids_by_backend_id, flatten_ax_tree,
+                                            render_observation)
 from posttrain.types import Task
 
 # Pages are Unicode (MiniWoB's unicode-test, accented names): observations may hold any character
