@@ -180,7 +180,9 @@ def test_web_screenshots_are_shown_beside_their_turn(browser, tiny_run, tmp_path
     page.select_option("#f-step", "3")
     image = page.locator("#episode-detail img.screenshot")
     image.wait_for()
-    page.wait_for_function("document.querySelector('#episode-detail img.screenshot').complete")
+    # Wait in a function call, not wait_for_function's string predicate: Playwright polls that
+    # with eval, which the report's Content-Security-Policy rightly forbids.
+    image.evaluate("img => img.complete || new Promise(done => img.addEventListener('load', done))")
     assert image.evaluate("img => img.naturalWidth") == 320  # the file, loaded next to the report
     assert image.get_attribute("src") == "../screenshots/ep-1/step01.png"
     assert [m for m in page.messages if m[0] in ("error", "pageerror")] == []
