@@ -20,6 +20,22 @@ def test_unknown_names_are_clear_errors(tmp_path):
         resolve_model_path(str(tmp_path))
 
 
+def test_a_run_directory_names_the_model_of_its_newest_checkpoint(tmp_path):
+    import shutil
+
+    run = tmp_path / "sft-run"
+    for step in (2, 10):  # numeric order, not by name: step-10 is the newest
+        shutil.copytree(resolve_model_path("tiny-random"), run / "checkpoints" / f"step-{step:06d}" / "model")
+    (run / "checkpoints" / "step-000011.tmp" / "model").mkdir(parents=True)  # half-written: never taken
+    assert resolve_model_path(str(run)) == str(run / "checkpoints" / "step-000010" / "model")
+    policy = Policy.load(ModelSection(name=str(run)))
+    assert policy.model.config.num_hidden_layers == 2
+    empty = tmp_path / "no-checkpoint"
+    (empty / "checkpoints").mkdir(parents=True)
+    with pytest.raises(ModelLoadError, match="run directory without a complete checkpoint"):
+        resolve_model_path(str(empty))
+
+
 def test_lora_trains_only_adapters_and_reference_is_adapter_free():
     import torch
 

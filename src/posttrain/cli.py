@@ -255,6 +255,31 @@ def collect(
                     f"(run {result.run_id})")
 
 
+@app.command()
+def demonstrate(
+    config: str = typer.Argument(..., help="YAML run config of a web env (miniwob, web_shop): its env section and "
+                                 "rollout.max_turns are used."),
+    out: str = typer.Option(..., "--out", help="JSONL file to write (sft.demonstrations reads it)."),
+    tasks: int = typer.Option(..., "--tasks", min=1, help="Play the first N training tasks."),
+    overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+) -> None:
+    """Write the scripted experts' solved training episodes as chat demonstrations, one record per turn."""
+    with _user_errors():
+        cfg = load_config(config, overrides)
+        from posttrain.envs import make_env
+        from posttrain.envs.web.demonstrations import write_demonstrations
+
+        env = make_env(cfg.env.id, cfg.env.kwargs)
+        try:
+            result = write_demonstrations(env, list(env.tasks("train"))[:tasks], out, cfg.rollout.max_turns)
+        finally:
+            env.close()
+    unsolved = f" (not solved: {', '.join(result.unsolved[:5])}{' ...' if len(result.unsolved) > 5 else ''})" \
+        if result.unsolved else ""
+    Console().print(f"wrote {result.records} demonstrations from {result.solved} of {result.episodes} expert "
+                    f"episodes to {out}{unsolved}", highlight=False, soft_wrap=True)
+
+
 def _offline(config: str, overrides: list[str], methods: tuple[str, ...], command: str, overwrite: bool) -> None:
     with _user_errors():
         cfg = load_config(config, overrides)

@@ -38,8 +38,9 @@ class LoraConfig(_Section):
 class ModelSection(_Section):
     name: str = Field(
         "smollm2-135m-instruct",
-        description="Policy to train: a preset (smollm2-135m-instruct, tiny-random), a local "
-        "directory, or a Hugging Face model id.",
+        description="Policy to train: a preset (smollm2-135m-instruct, tiny-random), a local model "
+        "directory, a run directory (the model of its newest checkpoint, e.g. a `posttrain sft` run), or a "
+        "Hugging Face model id.",
     )
     device: str = Field(
         "auto",

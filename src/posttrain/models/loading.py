@@ -45,6 +45,8 @@ def resolve_model_path(name: str) -> str:
     if name == "tiny-random":
         return str(_materialise(name, _build_tiny_random))
     path = Path(name).expanduser()
+    if (path / "checkpoints").is_dir():
+        path = _newest_checkpoint_model(path)
     if path.exists():
         if not path.is_dir():
             raise ModelLoadError(f"model path {path} is a file (expected a directory saved with save_pretrained)")
@@ -57,6 +59,18 @@ def resolve_model_path(name: str) -> str:
     if "/" not in name:
         raise ModelLoadError(f"unknown model {name!r}: expected {expected}")
     return _hub_model(name)
+
+
+def _newest_checkpoint_model(run_dir: Path) -> Path:
+    """The model directory of a run's newest complete checkpoint: a run directory names the policy
+    it ended with (e.g. GRPO starting from a `posttrain sft` run)."""
+    saved = [p for p in (run_dir / "checkpoints").glob("step-*")
+             if not p.name.endswith(".tmp") and (p / "model" / "config.json").is_file()]
+    if not saved:
+        raise ModelLoadError(f"model path {run_dir} is a run directory without a complete checkpoint "
+                             f"with a full model (expected {run_dir / 'checkpoints' / 'step-N' / 'model' / 'config.json'}; a LoRA "
+                             "run saves adapters only)")
+    return max(saved, key=lambda p: int(p.name.removeprefix("step-"))) / "model"
 
 
 def _looks_like_path(name: str) -> bool:

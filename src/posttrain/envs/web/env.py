@@ -33,7 +33,7 @@ from playwright.async_api import BrowserContext, Page
 from posttrain.envs.base import CHARSET, MAX_TEXT, Split, task_for_reset
 from posttrain.envs.web.actions import USAGE, Action, ActionError, parse_action, run_action
 from posttrain.envs.web.browser import BrowserHost, acquire_host, release_host
-from posttrain.envs.web.observation import (CLEAR_BIDS_JS, MARK_ELEMENTS_JS, bids_by_backend_id, flatten_ax_tree,
+from posttrain.envs.web.observation import (FORGET_EPISODE_JS, MARK_ELEMENTS_JS, bids_by_backend_id, flatten_ax_tree,
                                             render_observation)
 from posttrain.types import Task
 
@@ -170,7 +170,7 @@ class WebEnv(gym.Env):
         if reuse:
             if self._host.claim_episode():  # else the browser is due for recycling: a new one serves
                 try:
-                    await self._page.evaluate(CLEAR_BIDS_JS)  # bids restart at 0 for the new episode
+                    await self._page.evaluate(FORGET_EPISODE_JS)  # bids restart at 0, nothing has focus
                     goal = await self._restart(self._page, task)
                 except Exception:  # noqa: BLE001 - a page that cannot restart is replaced by a fresh one
                     goal = None

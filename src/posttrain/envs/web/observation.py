@@ -23,8 +23,11 @@ MARK_ELEMENTS_JS = """(start) => {
   return next;
 }""" % (BID, BID)
 
-CLEAR_BIDS_JS = """() => {
+# What a reused page must forget of the last episode: its bids, and the focus its last action left
+# (MiniWoB restarts a task in place, keeping elements such as the Submit button it clicked).
+FORGET_EPISODE_JS = """() => {
   for (const el of document.querySelectorAll('[%s]')) el.removeAttribute('%s');
+  if (document.activeElement && document.activeElement !== document.body) document.activeElement.blur();
 }""" % (BID, BID)
 
 # Layout-only roles: not printed, their children are shown one level up.
