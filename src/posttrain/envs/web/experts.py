@@ -88,7 +88,8 @@ MINIWOB_PLANS: dict[str, Callable[[str, str], list[str]]] = {
     "unicode-test": lambda o, g: _click(o, "button", _quoted(g)[0]),
     "click-link": lambda o, g: _click(o, "StaticText", _quoted(g)[0]),
     "click-dialog": lambda o, g: _click(o, "button", "Close"),
-    "click-dialog-2": lambda o, g: _click(o, "button", _quoted(g)[0]),
+    # The dialog's "x" is its close button, which the accessibility tree names 'Close'.
+    "click-dialog-2": lambda o, g: _click(o, "button", {"x": "Close"}.get(_quoted(g)[0], _quoted(g)[0])),
     "enter-text": lambda o, g: _fill_and_submit(o, _quoted(g)[:1], "Submit"),
     "enter-text-2": lambda o, g: _fill_and_submit(
         o, [_quoted(g)[0].upper() if "upper" in g else _quoted(g)[0].lower()], "Submit"),
