@@ -28,7 +28,7 @@ from typing import Any
 
 import gymnasium as gym
 from gymnasium.spaces import Text
-from playwright.async_api import BrowserContext, Page
+from playwright.async_api import BrowserContext, CDPSession, Page
 
 from posttrain.envs.base import CHARSET, MAX_TEXT, Split, task_for_reset
 from posttrain.envs.web.actions import USAGE, Action, ActionError, parse_action, run_action
@@ -77,6 +77,7 @@ class WebEnv(gym.Env):
         self._host: BrowserHost | None = None
         self._context: BrowserContext | None = None
         self._page: Page | None = None
+        self._cdp: CDPSession | None = None  # the page's DevTools session, kept while the page lives
         self._next_bid = 0
         self._episode_id = ""
 
@@ -176,7 +177,7 @@ class WebEnv(gym.Env):
                     goal = None
             if goal is None:
                 await self._host.close_context(self._context)
-                self._context = self._page = None
+                self._context = self._page = self._cdp = None
         if goal is None:
             goal = await self._open(task)
         self.goal = goal
@@ -191,6 +192,7 @@ class WebEnv(gym.Env):
             self._context.set_default_timeout(self.action_timeout * 1000)
             self._context.set_default_navigation_timeout(self.load_timeout * 1000)
             self._page = await self._context.new_page()
+            self._cdp = await self._context.new_cdp_session(self._page)
             return await self._start(self._page, task)
 
     async def _act(self, action: Action | None, error: str) -> tuple[str, float, bool, dict[str, Any]]:
@@ -213,15 +215,10 @@ class WebEnv(gym.Env):
         page = self._page
         for attempt in range(3):
             try:
-                self._next_bid = await page.evaluate(MARK_ELEMENTS_JS, self._next_bid)
-                cdp = await self._context.new_cdp_session(page)
-                try:
-                    snapshot = await cdp.send("DOMSnapshot.captureSnapshot", {"computedStyles": []})
-                    ax = await cdp.send("Accessibility.getFullAXTree")
-                finally:
-                    await cdp.detach()
+                self._next_bid, title = await page.evaluate(MARK_ELEMENTS_JS, self._next_bid)
+                snapshot = await self._cdp.send("DOMSnapshot.captureSnapshot", {"computedStyles": []})
+                ax = await self._cdp.send("Accessibility.getFullAXTree")
                 tree = flatten_ax_tree(ax["nodes"], bids_by_backend_id(snapshot))
-                title = await page.title()
                 break
             except Exception:  # noqa: BLE001 - a navigation in flight destroys the context: wait and retry
                 if attempt == 2:
@@ -242,7 +239,7 @@ class WebEnv(gym.Env):
 
     def _end_episode(self) -> None:
         """Close the episode's context (best effort: a dead browser has nothing left to close)."""
-        context, self._context, self._page, self._live = self._context, None, None, False
+        context, self._context, self._page, self._cdp, self._live = self._context, None, None, None, False
         if context is not None and self._host is not None:
             try:
                 self._host.run(self._host.close_context(context), 15.0)

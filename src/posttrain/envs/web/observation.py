@@ -14,13 +14,14 @@ from typing import Any
 
 BID = "bid"
 
-# Gives a bid to every element that has none, numbering from `start`; returns the next free one.
+# Gives a bid to every element that has none, numbering from `start`; returns the next free one
+# and the page's title (one round trip for both).
 MARK_ELEMENTS_JS = """(start) => {
   let next = start;
   for (const el of document.querySelectorAll('*')) {
     if (!el.hasAttribute('%s')) el.setAttribute('%s', String(next++));
   }
-  return next;
+  return [next, document.title];
 }""" % (BID, BID)
 
 # What a reused page must forget of the last episode: its bids, and the focus its last action left
