@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
 
@@ -18,12 +19,22 @@ class QuietStaticHandler(SimpleHTTPRequestHandler):
         pass
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        """A browser that drops a request half-served (its page closed or moved on) is not an error
+        worth a traceback on stderr; anything else still gets the stdlib's report."""
+        if isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipeError, ConnectionResetError
+            return
+        super().handle_error(request, client_address)
+
+
 class LocalServer:
     """``handler`` served at :attr:`url` until :meth:`close`."""
 
     def __init__(self, handler: type[BaseHTTPRequestHandler] | functools.partial):
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}/"
         self._thread = threading.Thread(target=self._server.serve_forever, name="posttrain-web-server", daemon=True)
         self._thread.start()
