@@ -44,10 +44,10 @@ def expert_for(env: Any, task: Task):
         name = task.metadata["task"]
         if name not in MINIWOB_PLANS:
             raise EnvError(f"no scripted expert for the MiniWoB task {name!r} (env.kwargs.tasks); experts exist "
-                             f"for {', '.join(sorted(MINIWOB_PLANS))}")
+                           f"for {', '.join(sorted(MINIWOB_PLANS))}")
         return MiniWoBExpert(name)
     raise EnvError(f"no scripted expert for {type(env).__name__}: demonstrations come from the web envs "
-                     "(miniwob, web_shop)")
+                   "(miniwob, web_shop)")
 
 
 def expert_episode(env: Any, task: Task, max_turns: int) -> tuple[list[dict[str, Any]], bool]:
@@ -84,16 +84,19 @@ def write_demonstrations(env: Any, tasks: list[Task], out: str | Path, max_turns
     path.parent.mkdir(parents=True, exist_ok=True)
     result = DemonstrationResult(0, 0, 0, [])
     tmp = path.with_name(path.name + ".tmp")  # a half-written file never takes the name
-    with tmp.open("w", encoding="utf-8") as f:
-        for task in tasks:
-            messages, solved = expert_episode(env, task, max_turns)
-            result.episodes += 1
-            if not solved:
-                result.unsolved.append(task.id)
-                continue
-            result.solved += 1
-            for record in turn_records(messages):
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-                result.records += 1
-    tmp.replace(path)
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            for task in tasks:
+                messages, solved = expert_episode(env, task, max_turns)
+                result.episodes += 1
+                if not solved:
+                    result.unsolved.append(task.id)
+                    continue
+                result.solved += 1
+                for record in turn_records(messages):
+                    f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    result.records += 1
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return result
