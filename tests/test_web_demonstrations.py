@@ -39,13 +39,13 @@ def test_every_turn_of_a_solved_episode_is_a_record_that_replays(env, tmp_path):
         conversation = records[-1]
         assert all(m[:-1] == conversation[: len(m) - 1] for m in records)  # each a prefix of the episode
         assert [m["role"] for m in conversation] == ["user", "assistant"] * actions  # the rollout's alternation
-        # Replayed in a new episode of the same task it starts from what the rollout shows, and solves it.
-        # (Later observations may differ in focus state between a fresh and a reused tab.)
+        # Replayed in a new episode of the same task, every observation is the one recorded, and it solves it.
         observation, _ = env.reset(options={"task": task})
-        assert as_messages(observation) == conversation[:1]
-        for action in [m["content"] for m in conversation[1::2]]:
+        for k in range(actions):
+            assert as_messages(observation) == [conversation[2 * k]]
+            action = conversation[2 * k + 1]["content"]
             parse_action(action)  # every target is an action the env parses
-            *_, info = env.step(action)
+            observation, _, _, _, info = env.step(action)
         assert info["correct"]
 
 
