@@ -21,7 +21,7 @@ from typing import Any
 
 from posttrain.envs.contract import as_messages
 from posttrain.envs.registry import EnvError
-from posttrain.envs.web.experts import MINIWOB_PLANS, MiniWoBExpert, ShopExpert
+from posttrain.envs.web.experts import MiniWoBExpert, ShopExpert
 from posttrain.envs.web.miniwob import MiniWoBEnv
 from posttrain.envs.web.shop.env import WebShopEnv
 from posttrain.types import Task
@@ -41,11 +41,10 @@ def expert_for(env: Any, task: Task):
     if isinstance(env, WebShopEnv):
         return ShopExpert()
     if isinstance(env, MiniWoBEnv):
-        name = task.metadata["task"]
-        if name not in MINIWOB_PLANS:
-            raise EnvError(f"no scripted expert for the MiniWoB task {name!r} (env.kwargs.tasks); experts exist "
-                           f"for {', '.join(sorted(MINIWOB_PLANS))}")
-        return MiniWoBExpert(name)
+        try:
+            return MiniWoBExpert(task.metadata["task"])
+        except ValueError as e:  # a task without a plan: the expert's message names the ones with one
+            raise EnvError(f"{e} (env.kwargs.tasks)") from None
     raise EnvError(f"no scripted expert for {type(env).__name__}: demonstrations come from the web envs "
                    "(miniwob, web_shop)")
 
