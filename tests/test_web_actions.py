@@ -1,11 +1,13 @@
-"""Parsing web actions out of model text (BrowserGym's syntax); no browser needed."""
+"""Parsing web actions out of model text (BrowserGym's syntax), and clicks that cannot land, in Chromium."""
 
 import socket
 import time
 
 import pytest
 
-from posttrain.envs.web.actions import Action, ActionError, parse_action, same_site
+from posttrain.envs.web.actions import Action, ActionError, parse_action, run_action, same_site
+from posttrain.envs.web.browser import BrowserHost
+from posttrain.envs.web.observation import BID
 from posttrain.envs.web.server import LocalServer
 
 
@@ -57,3 +59,50 @@ def test_a_request_the_browser_drops_is_not_a_traceback(tmp_path, capfd):
     finally:
         server.close()
     assert "Traceback" not in capfd.readouterr().err
+
+
+CLICK_PAGE = """
+<button {BID}="ok" onclick="document.title='clicked ok'">OK</button>
+<button {BID}="off" disabled onclick="document.title='clicked off'">Off</button>
+<button {BID}="hidden" style="visibility: hidden" onclick="document.title='clicked hidden'">Hidden</button>
+<div style="position: relative; height: 40px">
+  <button {BID}="under" onclick="document.title='clicked under'">Under</button>
+  <div id="veil" style="position: absolute; inset: 0; background: white"></div>
+</div>
+<label {BID}="label"><input {BID}="box" type="checkbox" onchange="document.title='clicked label'"> <span>Agree</span></label>
+<div style="height: 3000px"></div>
+<button {BID}="far" onclick="document.title='clicked far'">Far below</button>
+"""
+
+
+@pytest.fixture(scope="module")
+def host():
+    host = BrowserHost()
+    yield host
+    host.close()
+
+
+@pytest.mark.parametrize("bid, error", [
+    ("ok", None), ("far", None), ("label", None),  # scrolled into view; a label's text checks its box
+    ("off", "element is disabled"), ("hidden", "element is not visible"),
+    ("under", "another element covers it (div#veil)"),
+])
+def test_a_click_lands_or_says_why_not(host, bid, error):
+    async def click() -> tuple[str, str | None]:
+        context = await host.new_context()
+        try:
+            page = await context.new_page()
+            await page.set_content(CLICK_PAGE.replace("{BID}", BID))
+            try:
+                await run_action(page, Action("click", (bid,)), site="http://127.0.0.1/")
+                return await page.title(), None
+            except ActionError as e:
+                return await page.title(), str(e)
+        finally:
+            await host.close_context(context)
+
+    title, raised = host.run(click(), timeout=30)
+    if error is None:
+        assert raised is None and title == f"clicked {bid}"
+    else:
+        assert raised == f"click({bid!r}) failed: {error}" and title == ""
