@@ -84,8 +84,10 @@ def host():
 
 @pytest.mark.parametrize("bid, error", [
     ("ok", None), ("far", None), ("label", None),  # scrolled into view; a label's text checks its box
-    ("off", "element is disabled"), ("hidden", "element is not visible"),
-    ("under", "another element covers it (div#veil)"),
+    ("off", "click('off') failed: element is disabled"), ("hidden", "click('hidden') failed: element is not visible"),
+    ("under", "click('under') failed: another element covers it (div#veil)"),
+    ("gone", "click: no element with bid 'gone' on this page"),
+    ('ok"], [bid="far', """click: no element with bid 'ok"], [bid="far' on this page"""),  # not CSS
 ])
 def test_a_click_lands_or_says_why_not(host, bid, error):
     async def click() -> tuple[str, str | None]:
@@ -105,4 +107,4 @@ def test_a_click_lands_or_says_why_not(host, bid, error):
     if error is None:
         assert raised is None and title == f"clicked {bid}"
     else:
-        assert raised == f"click({bid!r}) failed: {error}" and title == ""
+        assert raised == error and title == ""

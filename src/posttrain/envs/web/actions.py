@@ -134,6 +134,12 @@ async def click(locator, ms: float) -> None:
     await locator.click(timeout=ms, force=True)
 
 
+def bid_selector(bid: str) -> str:
+    """The CSS selector of the element with ``bid``; the model's text stays inside the quoted value."""
+    quoted = bid.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\a ")
+    return f'[{BID}="{quoted}"]'
+
+
 def same_site(url: str, site: str) -> bool:
     """Whether ``url`` stays on ``site`` (same scheme, host and port)."""
     a, b = urlsplit(url), urlsplit(site)
@@ -147,7 +153,7 @@ async def run_action(page: Page, action: Action, site: str, timeout_s: float = 1
     """
     ms = timeout_s * 1000
     name, args = action.name, action.args
-    locator = page.locator(f'[{BID}="{args[0]}"]') if name in ("click", "fill", "select_option", "press") else None
+    locator = page.locator(bid_selector(args[0])) if name in ("click", "fill", "select_option", "press") else None
     if locator is not None and await locator.count() == 0:
         raise ActionError(f"{name}: no element with bid '{args[0]}' on this page")
     try:
