@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import threading
 import time
@@ -186,6 +187,9 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/web.json"))
     args = parser.parse_args()
     console = Console()
+    if "miniwob-selenium" in args.envs.split(",") and not shutil.which("chromedriver"):
+        parser.error("the miniwob-selenium row needs chromedriver (apt-get install chromium-driver); "
+                     "or leave it out: --envs miniwob,web_shop")
     load_before = os.getloadavg()[0]
     rows = []
     for kind in args.envs.split(","):
