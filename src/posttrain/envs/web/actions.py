@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
-from playwright.async_api import Page
+from playwright.async_api import Locator, Page
 
 from posttrain.envs.web.observation import BID
 
@@ -118,7 +118,7 @@ CLICK_BLOCKER_JS = """(el) => {
   if (style.visibility !== 'visible' || box.width === 0 || box.height === 0) return 'element is not visible';
   if (el.disabled || el.closest('fieldset:disabled')) return 'element is disabled';
   const hit = document.elementFromPoint(box.left + box.width / 2, box.top + box.height / 2);
-  if (hit && hit !== el && !el.contains(hit) && !(hit.control === el)) {
+  if (hit && hit !== el && !el.contains(hit) && hit.control !== el) {
     const what = hit.tagName.toLowerCase() + (hit.id ? '#' + hit.id : '');
     return 'another element covers it (' + what + ')';
   }
@@ -126,11 +126,15 @@ CLICK_BLOCKER_JS = """(el) => {
 }"""
 
 
-async def click(locator, ms: float) -> None:
+class ClickRefused(Exception):
+    """Why a click would not reach its element; run_action words it like Playwright's own failures."""
+
+
+async def click(locator: Locator, ms: float) -> None:
     """Click like a person: refused when the element is hidden, disabled or covered."""
     blocker = await locator.evaluate(CLICK_BLOCKER_JS, timeout=ms)
     if blocker:
-        raise ActionError(blocker)
+        raise ClickRefused(blocker)
     await locator.click(timeout=ms, force=True)
 
 
@@ -174,9 +178,7 @@ async def run_action(page: Page, action: Action, site: str, timeout_s: float = 1
             if not same_site(target, site):
                 raise ActionError(f"goto: {args[0]!r} is outside the site ({site}); only its own pages can be opened")
             await page.goto(target, timeout=load_timeout_s * 1000)
-    except ActionError as e:
-        if name == "click":
-            raise ActionError(f"click({args[0]!r}) failed: {e}") from None
+    except ActionError:
         raise
     except Exception as e:  # noqa: BLE001 - Playwright's errors (timeouts, wrong element kind) go to the agent
         raise ActionError(f"{name}({', '.join(map(repr, args))}) failed: {_first_line(e)}") from None
