@@ -45,13 +45,27 @@ TIERS: dict[str, tuple[str, ...]] = {
 }
 EVAL_SEED_OFFSET = 1_000_000  # eval seeds start here, so no train seed is ever an eval seed
 
-_START_JS = """(seed) => {
+# Starts a seeded episode in a loaded task page and returns its utterance, in one page call (a
+# style tag, a wait for the task and the start as three Playwright calls cost three round trips and
+# an animation frame: about half of a reset). The timer and reward overlays are hidden; a task that
+# loads data first says so with WOB_TASK_READY, polled here until true or `waitMs` has passed.
+_START_JS = """async ([seed, waitMs]) => {
+  if (!document.getElementById('posttrain-hide')) {
+    const style = document.createElement('style');
+    style.id = 'posttrain-hide';
+    style.textContent = '#reward-display, #sync-task-cover, #timer-countdown { display: none !important; }';
+    (document.head || document.documentElement).appendChild(style);
+  }
+  const until = Date.now() + waitMs;
+  while (typeof WOB_TASK_READY !== 'undefined' && WOB_TASK_READY !== true) {
+    if (Date.now() > until) throw new Error('the task page did not get ready within ' + waitMs + ' ms');
+    await new Promise((done) => setTimeout(done, 10));
+  }
   Math.seedrandom(seed);
   core.EPISODE_MAX_TIME = 2000000000;
   core.startEpisodeReal();
   return core.getUtterance();
 }"""
-_HIDE_CSS = "#reward-display, #sync-task-cover, #timer-countdown { display: none !important; }"
 _RESULT_JS = "() => [WOB_DONE_GLOBAL, WOB_RAW_REWARD_GLOBAL, WOB_REWARD_REASON]"
 
 
@@ -94,17 +108,17 @@ class MiniWoBEnv(WebEnv):
 
     async def _start(self, page: Page, task: Task) -> str:
         await page.goto(f"{self.site}miniwob/{task.metadata['task']}.html", wait_until="load")
-        await page.add_style_tag(content=_HIDE_CSS)
-        await page.wait_for_function("typeof WOB_TASK_READY === 'undefined' || WOB_TASK_READY === true",
-                                     timeout=self.load_timeout * 1000)
-        return await page.evaluate(_START_JS, int(task.metadata["seed"]))
+        return await self._start_episode(page, task)
 
     async def _restart(self, page: Page, task: Task) -> str | None:
         """The next episode in the page of the last one: in the same task page, reseed and restart it
         (as MiniWoB++'s own env does); another task's page loads in the same tab."""
         if not page.url.endswith(f"/miniwob/{task.metadata['task']}.html"):
             return await self._start(page, task)
-        return await page.evaluate(_START_JS, int(task.metadata["seed"]))
+        return await self._start_episode(page, task)
+
+    async def _start_episode(self, page: Page, task: Task) -> str:
+        return await page.evaluate(_START_JS, [int(task.metadata["seed"]), self.load_timeout * 1000])
 
     async def _outcome(self, page: Page, action: Action | None) -> tuple[float, bool, dict[str, Any]]:
         done, raw, reason = await page.evaluate(_RESULT_JS)
