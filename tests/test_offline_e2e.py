@@ -71,6 +71,17 @@ def test_dpo_family_trains_on_the_store(tmp_path, store, method):
     assert _weights_moved(run, summary["steps"])
 
 
+def test_rpo_adds_the_chosen_answers_nll_to_dpo(tmp_path, store):
+    config = tiny_config(tmp_path, **OFFLINE)
+    proc = run_cli("dpo", config, "--set", f"offline.store={store}", "--set", "offline.rpo_alpha=0.5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    first = next(r for r in records if r["split"] == "train" and r["step"] == 1)
+    # At the reference DPO's term is log 2; RPO adds alpha x the chosen answers' NLL per token.
+    assert first["chosen_nll_per_token"] > 0
+    assert first["loss"] == pytest.approx(math.log(2) + 0.5 * first["chosen_nll_per_token"], rel=1e-4)
+
+
 def test_rft_keeps_only_successes_and_trains(tmp_path, store):
     rewards = [t.reward for t in TrajectoryStore(store).trajectories()]
     threshold = statistics.median(rewards)

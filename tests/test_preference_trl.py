@@ -11,7 +11,7 @@ import torch
 from trl import DPOTrainer
 from trl.experimental.kto import KTOTrainer
 
-from posttrain.algorithms.preference import dpo_loss, ipo_loss, kto_kl_estimate, kto_loss
+from posttrain.algorithms.preference import chosen_nll, dpo_loss, ipo_loss, kto_kl_estimate, kto_loss
 
 
 class _SingleProcess:
@@ -132,3 +132,23 @@ def test_kto_matches_trl(weights, kl_shift):
     kl = kto_kl_estimate(kl_lp.sum(-1), kl_ref.sum(-1))
     ours = kto_loss(lp.sum(-1), ref.sum(-1), labels, kl, beta, *weights).mean()
     assert ours.item() == pytest.approx(expected.item(), abs=1e-6)
+
+
+@pytest.mark.parametrize("alpha", [0.5, 1.0])
+def test_rpo_matches_trl_sigmoid_plus_sft(pairs, alpha):
+    """RPO (DPO + alpha x the chosen answers' NLL per token) is TRL's loss_type ['sigmoid', 'sft'] with weights
+    [1, alpha]; split into micro-batches, our terms add up to the same batch loss."""
+    lp, ref, mask = pairs
+    c, r, rc, rr, tc, _ = _ours(lp, ref, mask)
+    input_ids = torch.zeros(mask.shape, dtype=torch.long)
+    model = _TokenLogprobModel({id(input_ids): lp})
+    state = _state(model, beta=0.1, loss_types=["sigmoid", "sft"], loss_weights=[1.0, alpha], ld_alpha=None,
+                   f_divergence_type="reverse_kl", label_smoothing=0.0, use_weighting=False)
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "completion_mask": mask.long(),
+              "ref_chosen_logps": rc, "ref_rejected_logps": rr}
+    expected = DPOTrainer._compute_loss(state, model, inputs, return_outputs=False)
+    n, total = len(c), float(tc.sum())
+    ours = sum(dpo_loss(c[m], r[m], rc[m], rr[m], 0.1).sum() / n + alpha * chosen_nll(c[m], total)
+               for m in (slice(0, 2), slice(2, n)))  # two micro-batches
+    assert ours.item() == pytest.approx(expected.item(), abs=1e-6)
+    assert ours.item() > dpo_loss(c, r, rc, rr, 0.1).mean().item()

@@ -394,6 +394,11 @@ class OfflineSection(_Section):
     label_smoothing: float = Field(
         0.1, ge=0.0, lt=0.5, description="cDPO: probability that a preference label is flipped (epsilon)."
     )
+    rpo_alpha: float = Field(
+        0.0, ge=0.0, description="DPO family: weight alpha of the chosen answers' negative log-likelihood (per "
+        "token) added to the preference loss (RPO, Pang et al. 2024), which keeps DPO from lowering the likelihood "
+        "of the answers it prefers; 0 turns it off."
+    )
     kto_desirable_weight: float = Field(1.0, gt=0.0, description="KTO: weight of the successful (desirable) "
                                         "examples (lambda_D).")
     kto_undesirable_weight: float = Field(1.0, gt=0.0, description="KTO: weight of the failed (undesirable) "

@@ -63,6 +63,19 @@ def ipo_loss(
     return (h - 1.0 / (2.0 * tau)) ** 2
 
 
+def chosen_nll(chosen_logps: torch.Tensor, chosen_tokens: float) -> torch.Tensor:
+    """RPO's likelihood term: the negative log-likelihood of the chosen answers, per token over the batch.
+
+    Pang et al. 2024, "Iterative Reasoning Preference Optimization" (arXiv:2404.19733, eq. 3), add
+    it to the DPO loss, ``loss = dpo + alpha * nll``: DPO alone only widens the margin and may lower
+    the chosen answers' likelihood along with the rejected ones' (their figure 3); the NLL term holds
+    the chosen answers up. ``chosen_tokens`` is the agent-token count of every chosen answer in the
+    optimiser step, so that micro-batch terms add up to the batch's token mean (TRL's ``sft`` loss
+    type, which it combines with ``sigmoid`` for RPO).
+    """
+    return -chosen_logps.sum() / max(float(chosen_tokens), 1.0)
+
+
 def kto_kl_estimate(mismatched_logps: torch.Tensor, ref_mismatched_logps: torch.Tensor) -> torch.Tensor:
     """KTO's reference point z0: a batch estimate of KL(pi || ref), clamped at 0, without gradient.
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from posttrain.algorithms.preference import dpo_loss, ipo_loss, kto_kl_estimate, kto_loss, sft_loss
+from posttrain.algorithms.preference import chosen_nll, dpo_loss, ipo_loss, kto_kl_estimate, kto_loss, sft_loss
 from posttrain.config import ConfigError, RunConfig
 from posttrain.data.demonstrations import load_demonstrations
 from posttrain.data.pairs import PreferencePair, preference_pairs, split_by_success
@@ -194,7 +194,10 @@ class OfflineTrainer:
         self.policy.model.train()  # for the update only: dropout and activation checkpointing act
         self.optimizer.zero_grad(set_to_none=True)
         stats = RunningStats()
-        tokens = float(sum(t.num_sampled_tokens for t in self._rows(items)))
+        rows = self._rows(items)
+        if self.off.method in PAIRED:  # RPO's likelihood term is a mean over the chosen answers' tokens
+            rows = rows[: len(items)]
+        tokens = float(sum(t.num_sampled_tokens for t in rows))
         loss_total = 0.0
         for s in range(0, len(items), self.off.microbatch_size):
             micro = items[s : s + self.off.microbatch_size]
@@ -236,7 +239,13 @@ class OfflineTrainer:
                 stats.add("reward_margin", float(margin.mean()), n)
                 stats.add("chosen_logratio", float((chosen - ref_c).mean()), n)
                 stats.add("rejected_logratio", float((rejected - ref_r).mean()), n)
-            return losses.sum() / batch_examples
+            loss = losses.sum() / batch_examples
+            if off.rpo_alpha:
+                nll = chosen_nll(chosen, batch_tokens)
+                stats.add("chosen_nll_per_token", float(nll) * batch_tokens / float(seq.tokens[:n].sum().clamp(min=1)),
+                          float(seq.tokens[:n].sum()))
+                loss = loss + off.rpo_alpha * nll
+            return loss
         if off.method == "kto":
             losses = kto_loss(seq.logps, self.reference["logps"][idx], self.labels[idx], kl, off.beta,
                               off.kto_desirable_weight, off.kto_undesirable_weight)
