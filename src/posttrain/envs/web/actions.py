@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
-from playwright.async_api import Locator, Page
+from playwright.async_api import Page
 
 from posttrain.envs.web.observation import BID
 
