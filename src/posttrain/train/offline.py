@@ -242,7 +242,7 @@ class OfflineTrainer:
             loss = losses.sum() / batch_examples
             if off.rpo_alpha:
                 nll = chosen_nll(chosen, batch_tokens)
-                stats.add("chosen_nll_per_token", float(nll) * batch_tokens / float(seq.tokens[:n].sum().clamp(min=1)),
+                stats.add("chosen_nll_per_token", nll.item() * batch_tokens / float(seq.tokens[:n].sum().clamp(min=1)),
                           float(seq.tokens[:n].sum()))
                 loss = loss + off.rpo_alpha * nll
             return loss
