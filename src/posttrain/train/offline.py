@@ -221,6 +221,8 @@ class OfflineTrainer:
         return kto_kl_estimate(policy, self.reference["mismatched"][items])
 
     def _micro_loss(self, micro: list[int], batch_examples: int, batch_tokens: float, kl, stats: RunningStats):
+        """One micro-batch's loss, scaled so that a step's micro-batches add up; ``batch_tokens`` counts the
+        agent tokens of the step's SFT targets, or of its chosen answers for the DPO family (RPO's NLL)."""
         off = self.off
         seq = sequence_logps(self.policy, self._rows(micro))
         idx = torch.tensor(micro)
@@ -242,8 +244,8 @@ class OfflineTrainer:
             loss = losses.sum() / batch_examples
             if off.rpo_alpha:
                 nll = chosen_nll(chosen, batch_tokens)
-                stats.add("chosen_nll_per_token", nll.item() * batch_tokens / float(seq.tokens[:n].sum().clamp(min=1)),
-                          float(seq.tokens[:n].sum()))
+                micro_tokens = float(seq.tokens[:n].sum())
+                stats.add("chosen_nll_per_token", nll.item() * batch_tokens / max(micro_tokens, 1.0), micro_tokens)
                 loss = loss + off.rpo_alpha * nll
             return loss
         if off.method == "kto":
