@@ -11,7 +11,7 @@ import torch
 from trl import DPOTrainer
 from trl.experimental.kto import KTOTrainer
 
-from posttrain.algorithms.preference import chosen_nll, dpo_loss, ipo_loss, kto_kl_estimate, kto_loss
+from posttrain.algorithms.preference import dpo_loss, ipo_loss, kto_kl_estimate, kto_loss, sft_loss
 
 
 class _SingleProcess:
@@ -148,7 +148,8 @@ def test_rpo_matches_trl_sigmoid_plus_sft(pairs, alpha):
               "ref_chosen_logps": rc, "ref_rejected_logps": rr}
     expected = DPOTrainer._compute_loss(state, model, inputs, return_outputs=False)
     n, total = len(c), float(tc.sum())
-    ours = sum(dpo_loss(c[m], r[m], rc[m], rr[m], 0.1).sum() / n + alpha * chosen_nll(c[m], total)
+    ours = sum(dpo_loss(c[m], r[m], rc[m], rr[m], 0.1).sum() / n
+               + alpha * sft_loss(c[m], torch.ones_like(c[m]), total_tokens=total)
                for m in (slice(0, 2), slice(2, n)))  # two micro-batches
     assert ours.item() == pytest.approx(expected.item(), abs=1e-6)
     assert ours.item() > dpo_loss(c, r, rc, rr, 0.1).mean().item()

@@ -63,19 +63,6 @@ def ipo_loss(
     return (h - 1.0 / (2.0 * tau)) ** 2
 
 
-def chosen_nll(chosen_logps: torch.Tensor, chosen_tokens: float) -> torch.Tensor:
-    """RPO's likelihood term: the negative log-likelihood of the chosen answers, per token over the batch.
-
-    Pang et al. 2024, "Iterative Reasoning Preference Optimization" (arXiv:2404.19733, eq. 3), add
-    it to the DPO loss, ``loss = dpo + alpha * nll``: DPO alone only widens the margin and may lower
-    the chosen answers' likelihood along with the rejected ones' (their figure 3); the NLL term holds
-    the chosen answers up. ``chosen_tokens`` is the agent-token count of every chosen answer in the
-    optimiser step, so that micro-batch terms add up to the batch's token mean (TRL's ``sft`` loss
-    type, which it combines with ``sigmoid`` for RPO).
-    """
-    return -chosen_logps.sum() / max(float(chosen_tokens), 1.0)
-
-
 def kto_kl_estimate(mismatched_logps: torch.Tensor, ref_mismatched_logps: torch.Tensor) -> torch.Tensor:
     """KTO's reference point z0: a batch estimate of KL(pi || ref), clamped at 0, without gradient.
 
@@ -116,7 +103,11 @@ def sft_loss(logprobs: torch.Tensor, mask: torch.Tensor, total_tokens: float | N
     ``logprobs`` and ``mask`` are ``[B, T]``; ``total_tokens`` replaces this tensor's token count
     when it is one micro-batch of a larger batch, so that micro-batch losses add up. Used on
     demonstrations, on the successful trajectories of rejection-sampling fine-tuning (RFT; Yuan
-    et al. 2023, arXiv:2308.01825), and as the auxiliary term mixed into online RL.
+    et al. 2023, arXiv:2308.01825), as the auxiliary term mixed into online RL, and on the chosen
+    answers of preference pairs as RPO's likelihood term (Pang et al. 2024, "Iterative Reasoning
+    Preference Optimization", arXiv:2404.19733, eq. 3: ``loss = dpo + alpha * nll``, which keeps DPO
+    from lowering the chosen answers' likelihood along with the rejected ones'; TRL's ``sft`` loss
+    type beside ``sigmoid``). Sequence sums of log-probabilities work too, with a mask of ones.
     """
     denom = total_tokens if total_tokens is not None else mask.sum().clamp(min=1.0)
     return -(logprobs * mask).sum() / denom

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from posttrain.algorithms.preference import chosen_nll, dpo_loss, ipo_loss, kto_kl_estimate, kto_loss, sft_loss
+from posttrain.algorithms.preference import dpo_loss, ipo_loss, kto_kl_estimate, kto_loss, sft_loss
 from posttrain.config import ConfigError, RunConfig
 from posttrain.data.demonstrations import load_demonstrations
 from posttrain.data.pairs import PreferencePair, preference_pairs, split_by_success
@@ -243,7 +243,7 @@ class OfflineTrainer:
                 stats.add("rejected_logratio", float((rejected - ref_r).mean()), n)
             loss = losses.sum() / batch_examples
             if off.rpo_alpha:
-                nll = chosen_nll(chosen, batch_tokens)
+                nll = sft_loss(chosen, torch.ones_like(chosen), total_tokens=batch_tokens)
                 micro_tokens = float(seq.tokens[:n].sum())
                 stats.add("chosen_nll_per_token", nll.item() * batch_tokens / max(micro_tokens, 1.0), micro_tokens)
                 loss = loss + off.rpo_alpha * nll
