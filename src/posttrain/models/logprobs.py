@@ -22,6 +22,9 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from posttrain.models.onednn_linear import active as onednn_active
+from posttrain.models.onednn_linear import matmul_nt
+
 
 def cache_kwarg(model: torch.nn.Module) -> str:
     """The name this transformers version gives forward's KV-cache argument (5.x: ``cache``)."""
@@ -49,7 +52,10 @@ class _HeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, targets, weight, bias, entropy_grad, keep_probs):
-        logits = _head_logits(hidden, weight, bias)
+        # Inside onednn_training the head's three matmuls run on oneDNN too (decided here, as
+        # backward runs after the block has been left).
+        ctx.onednn = onednn_active() and weight.dtype == torch.float32 and weight.device.type == "cpu"
+        logits = _head_logits(hidden, weight, bias, ctx.onednn)
         lse = torch.logsumexp(logits, dim=-1)
         log_probs = logits.sub_(lse.unsqueeze(-1))
         probs = log_probs.exp()
@@ -66,7 +72,7 @@ class _HeadLogprobs(torch.autograd.Function):
     def backward(ctx, grad_logp, grad_entropy):
         hidden, targets, weight, bias, lse, entropy, probs = ctx.saved_tensors
         if not ctx.keep_probs:
-            log_probs = _head_logits(hidden, weight, bias).sub_(lse.unsqueeze(-1))
+            log_probs = _head_logits(hidden, weight, bias, ctx.onednn).sub_(lse.unsqueeze(-1))
             probs = log_probs.exp()
         grad = probs * -grad_logp.unsqueeze(-1)
         if ctx.entropy_grad and grad_entropy is not None:
@@ -74,17 +80,24 @@ class _HeadLogprobs(torch.autograd.Function):
         grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
         needs = ctx.needs_input_grad
         with torch.autocast(hidden.device.type, enabled=False):
-            grad = grad.to(weight.dtype)
-            grad_hidden = (grad @ weight).to(hidden.dtype) if needs[0] else None
-            grad_weight = grad.T @ hidden.to(weight.dtype) if needs[2] else None
+            grad, rows = grad.to(weight.dtype), hidden.to(weight.dtype)
+            if ctx.onednn:
+                grad_hidden = matmul_nt(grad, weight.t()).to(hidden.dtype) if needs[0] else None
+                grad_weight = matmul_nt(grad.t(), rows.t()) if needs[2] else None
+            else:
+                grad_hidden = (grad @ weight).to(hidden.dtype) if needs[0] else None
+                grad_weight = grad.T @ rows if needs[2] else None
         grad_bias = grad.sum(0) if bias is not None and needs[3] else None
         return grad_hidden, None, grad_weight, grad_bias, None, None
 
 
-def _head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 onednn: bool = False) -> torch.Tensor:
     """Logits as float32, the matmul in the head's own dtype even under autocast: log-probabilities
     over a large vocabulary lose too much when the head runs in bfloat16."""
     with torch.autocast(hidden.device.type, enabled=False):
+        if onednn:
+            return matmul_nt(hidden.to(weight.dtype), weight, bias)
         return F.linear(hidden.to(weight.dtype), weight, bias).float()
 
 

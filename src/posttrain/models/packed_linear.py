@@ -23,15 +23,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from posttrain.models.onednn_linear import linear
+
 
 @functools.cache
 def packing_available() -> bool:
     """True when this torch build has oneDNN's packed linear and it agrees with ``F.linear``."""
     try:
-        w, b, x = torch.randn(8, 4), torch.randn(8), torch.randn(2, 3, 4)
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, 2)
-        out = torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
-        return bool(torch.backends.mkldnn.is_available() and torch.allclose(out, F.linear(x, w, b), atol=1e-5))
+        with torch.autocast("cpu", enabled=False):  # it may first be asked inside an autocast pass
+            w, b, x = torch.randn(8, 4), torch.randn(8), torch.randn(2, 3, 4)
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, 2)
+            out = torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+            return bool(torch.backends.mkldnn.is_available() and torch.allclose(out, F.linear(x, w, b), atol=1e-5))
     except (AttributeError, RuntimeError):
         return False
 
@@ -46,7 +49,7 @@ def _packed_linear(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Ten
 
 def _plain(module: nn.Module, packed: torch.Tensor, x: torch.Tensor, *args, **kwargs):
     if torch.is_grad_enabled() or x.dtype != torch.float32:
-        return F.linear(x, module.weight, module.bias)
+        return linear(x, module.weight, module.bias)
     return _packed_linear(packed, module.bias, x)
 
 
