@@ -10,7 +10,7 @@ import os
 import platform
 from pathlib import Path
 
-from posttrain.models.cpu_probe import bf16_decode_speedup, bf16_training_speedup, cpu_flags
+from posttrain.models.cpu_probe import bf16_decode_speedup, bf16_training_speedup, cpu_flags, onednn_training_speedup
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
@@ -30,12 +30,14 @@ def cpu_model_and_flags() -> tuple[str, list[str]]:
 
 
 def describe() -> str:
-    """One line: CPU model, cores, vector/matrix flags, measured bf16 speed-ups, torch version, load now."""
+    """One line: CPU model, cores, vector/matrix flags, measured speed-ups of the dtype and kernel
+    choices, torch version, load now."""
     import torch
 
     model, flags = cpu_model_and_flags()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (f"machine: {model}, {os.cpu_count()} cores, flags {' '.join(flags) or 'none of ' + '/'.join(FLAGS)}; "
             f"bf16 vs fp32 (0: no bf16 units): decoding {bf16_decode_speedup():.2f}x, "
-            f"training matmuls {bf16_training_speedup():.2f}x; "
+            f"training matmuls {bf16_training_speedup():.2f}x; fp32 training matmuls on oneDNN vs PyTorch's "
+            f"{onednn_training_speedup():.2f}x (used from 1.1x); "
             f"torch {torch.__version__}; load average {load:.1f}")

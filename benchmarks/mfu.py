@@ -8,8 +8,10 @@ sharing its prompt) and 8 rows of 256 tokens. Model FLOPs are counted with
 ``torch.utils.flop_counter.FlopCounterMode`` on one forward (matmuls and attention, as executed:
 each shared prompt counted once) and multiplied by 3 for forward + backward (the backward of a
 linear layer is two matmuls of the forward's size); recomputation by activation checkpointing is
-not counted as useful work. MFU = model FLOPs / median step time / peak. The GRPO shape is also
-timed under bf16 autocast (the ``model.autocast`` option), against the same float32 peak.
+not counted as useful work. MFU = model FLOPs / median step time / peak. Each shape is timed on
+the matmul kernels the trainer picks on this CPU (oneDNN where a start-up probe finds it faster
+than PyTorch's MKL path, :mod:`posttrain.models.onednn_linear`) and on PyTorch's own; the GRPO
+shape also under bf16 autocast (the ``model.autocast`` option), against the same float32 peak.
 
     python benchmarks/mfu.py [--repeats 5] [--out benchmarks/results/mfu.json]
 
@@ -29,7 +31,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from posttrain.models import load_model
+from posttrain.models.cpu_probe import onednn_training_speedup
 from posttrain.models.logprobs import policy_forward
+from posttrain.models.onednn_linear import onednn_training
 from posttrain.models.packed_linear import packing_available
 
 from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
@@ -69,7 +73,8 @@ def batch_shape(rows: int, prompt: int, completion: int, groups: int, vocab: int
     return ids, mask, loss_mask, plens
 
 
-def measure(model, shape: tuple, repeats: int, autocast: bool = False) -> dict:
+def measure(model, shape: tuple, repeats: int, autocast: bool = False, kernels: bool | None = None) -> dict:
+    """``kernels``: None for the trainer's choice on this CPU, False for PyTorch's own matmuls."""
     ids, mask, loss_mask, plens = shape
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         policy_forward(model, ids, mask, loss_mask, prompt_lengths=plens)
@@ -77,7 +82,7 @@ def measure(model, shape: tuple, repeats: int, autocast: bool = False) -> dict:
     times = []
     for i in range(repeats + 1):  # the first step warms up
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), onednn_training(model, kernels):
             out = policy_forward(model, ids, mask, loss_mask, prompt_lengths=plens)
         (out.logprobs * loss_mask).sum().backward()
         model.zero_grad(set_to_none=True)
@@ -105,7 +110,11 @@ def main() -> None:
     }
     load_before = os.getloadavg()[0]
     peak = matmul_peak()
-    results = {name: measure(model, shape, args.repeats) for name, shape in shapes.items()}
+    kernels = "oneDNN matmuls" if onednn_training_speedup() >= 1.1 else "PyTorch's matmuls"
+    results = {}
+    for name, shape in shapes.items():
+        results[f"{name}, the trainer's kernels ({kernels})"] = measure(model, shape, args.repeats)
+        results[f"{name}, PyTorch's matmuls"] = measure(model, shape, args.repeats, kernels=False)
     # The model.autocast option, for comparison (its MFU is against the float32 peak).
     grpo = next(iter(shapes))
     results[f"{grpo}, bf16 autocast"] = measure(model, shapes[grpo], args.repeats, autocast=True)
