@@ -10,11 +10,12 @@ turns it into the next observation, never into an exception.
 from __future__ import annotations
 
 import ast
+import asyncio
 import re
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
-from playwright.async_api import Page
+from playwright.async_api import CDPSession, Page
 
 from posttrain.envs.web.observation import BID
 
@@ -106,13 +107,15 @@ def parse_action(text: str) -> Action:
     raise error  # type: ignore[misc]
 
 
-# Why a click would not reach the element, checked in one page call before a forced click. Playwright's
-# own actionability checks (attached, visible, stable over two animation frames, enabled, receives
-# events) cost about 40 ms a click, most of a step; this checks the same things at one instant. It runs
-# as a page function on the selector (``locator.evaluate`` waits for a frame first: 14 ms against 2.5)
-# and also answers whether the element exists, which would be one more round trip. The element is
-# scrolled to the centre first, as Playwright does, so the hit test sees where it lands.
-CLICK_BLOCKER_JS = """(selector) => {
+# Where a click lands, or why it would not reach the element, in one page call. Playwright's
+# locator.click (even forced, without its actionability checks) costs about 40 ms, most of a step:
+# it scrolls, measures and moves the mouse in separate round trips, then waits for navigations. This
+# checks at one instant what its checks wait for (attached, visible, enabled, not covered), after
+# scrolling the element to the centre as Playwright does, and returns the point to press; it also
+# answers whether the element exists, which would be one more round trip. It runs as a page function
+# on the selector (``locator.evaluate`` waits for an animation frame first: 14 ms against 2.5).
+# Listeners it installs once per document record whether the click starts loading another page.
+CLICK_TARGET_JS = """(selector) => {
   const el = document.querySelector(selector);
   if (!el) return 'missing';
   el.scrollIntoView({block: 'center', inline: 'center'});
@@ -120,12 +123,25 @@ CLICK_BLOCKER_JS = """(selector) => {
   const box = el.getBoundingClientRect();
   if (style.visibility !== 'visible' || box.width === 0 || box.height === 0) return 'element is not visible';
   if (el.disabled || el.closest('fieldset:disabled')) return 'element is disabled';
-  const hit = document.elementFromPoint(box.left + box.width / 2, box.top + box.height / 2);
+  const x = box.left + box.width / 2, y = box.top + box.height / 2;
+  const hit = document.elementFromPoint(x, y);
   if (hit && hit !== el && !el.contains(hit) && hit.control !== el) {
     const what = hit.tagName.toLowerCase() + (hit.id ? '#' + hit.id : '');
     return 'another element covers it (' + what + ')';
   }
-  return '';
+  if (!window.__posttrainLeaving) {
+    const leaving = window.__posttrainLeaving = {now: false, submit: null};
+    window.addEventListener('beforeunload', () => { leaving.now = true; });
+    window.addEventListener('submit', (event) => { leaving.submit = event; }, true);
+  }
+  Object.assign(window.__posttrainLeaving, {now: false, submit: null});
+  return [x, y];
+}"""
+# After the click: did it start leaving the page? A link navigates at once (`beforeunload` has run);
+# a form submission is queued as a task, so its `submit` event (unless a handler cancelled it) says so.
+_LEAVING_JS = """() => {
+  const leaving = window.__posttrainLeaving;
+  return leaving.now || (leaving.submit !== null && !leaving.submit.defaultPrevented);
 }"""
 
 
@@ -137,14 +153,35 @@ class MissingElement(Exception):
     """No element has the action's bid; run_action says so to the agent."""
 
 
-async def click(page: Page, selector: str, ms: float) -> None:
-    """Click like a person: refused when the element is hidden, disabled or covered."""
-    blocker = await page.evaluate(CLICK_BLOCKER_JS, selector)
-    if blocker == "missing":
+async def click(page: Page, cdp: CDPSession, selector: str, load_ms: float) -> None:
+    """Click like a person: refused when the element is hidden, disabled or covered; otherwise a
+    trusted press and release of the left button at its centre (DevTools input events, as
+    Playwright's mouse sends them). When the click starts loading another page, waits until that
+    page has replaced this one (the caller then waits for it to load)."""
+    target = await page.evaluate(CLICK_TARGET_JS, selector)
+    if target == "missing":
         raise MissingElement()
-    if blocker:
-        raise ClickRefused(blocker)
-    await page.locator(selector).click(timeout=ms, force=True)
+    if isinstance(target, str):
+        raise ClickRefused(target)
+    x, y = target
+    # Listening starts before the click: a fast navigation may replace the page before we ask.
+    replaced = asyncio.ensure_future(page.wait_for_event("framenavigated", lambda frame: frame == page.main_frame,
+                                                         timeout=load_ms))
+    try:
+        for kind in ("mousePressed", "mouseReleased"):
+            await cdp.send("Input.dispatchMouseEvent",
+                           {"type": kind, "x": x, "y": y, "button": "left", "buttons": 1, "clickCount": 1})
+        try:
+            leaving = await page.evaluate(_LEAVING_JS)
+        except Exception:  # noqa: BLE001 - the page it asked is gone: the navigation has replaced it
+            leaving = True
+        if leaving:
+            try:
+                await replaced
+            except Exception:  # noqa: BLE001 - a navigation that never commits (a download, a 204) leaves the page
+                pass
+    finally:
+        replaced.cancel()
 
 
 def bid_selector(bid: str) -> str:
@@ -159,10 +196,12 @@ def same_site(url: str, site: str) -> bool:
     return (a.scheme, a.netloc) == (b.scheme, b.netloc)
 
 
-async def run_action(page: Page, action: Action, site: str, timeout_s: float = 1.0, load_timeout_s: float = 20.0) -> None:
+async def run_action(page: Page, action: Action, site: str, timeout_s: float = 1.0, load_timeout_s: float = 20.0,
+                     cdp: CDPSession | None = None) -> None:
     """Perform ``action`` on ``page``; ActionError (for the agent) when it cannot be done.
 
-    ``send_msg_to_user`` does nothing here: the environment reads the message.
+    ``cdp`` is the page's DevTools session (one is opened when not given). ``send_msg_to_user``
+    does nothing here: the environment reads the message.
     """
     ms = timeout_s * 1000
     name, args = action.name, action.args
@@ -172,7 +211,7 @@ async def run_action(page: Page, action: Action, site: str, timeout_s: float = 1
         if name != "click" and locator is not None and await locator.count() == 0:
             raise MissingElement()
         if name == "click":
-            await click(page, selector, ms)
+            await click(page, cdp or await page.context.new_cdp_session(page), selector, load_timeout_s * 1000)
         elif name == "fill":
             await locator.fill(args[1], timeout=ms)
         elif name == "select_option":

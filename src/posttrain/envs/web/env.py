@@ -199,7 +199,7 @@ class WebEnv(gym.Env):
         page = self._page
         if action is not None and action.name != "send_msg_to_user":
             try:
-                await run_action(page, action, self.site, self.action_timeout, self.load_timeout)
+                await run_action(page, action, self.site, self.action_timeout, self.load_timeout, self._cdp)
             except ActionError as e:
                 error = str(e)
             try:
