@@ -261,7 +261,7 @@ def _first_observation(task):
 
 
 def test_episodes_of_one_task_reuse_the_page_and_start_afresh():
-    env = MiniWoBEnv(tasks=["click-button", "enter-text"], recycle_every=3)
+    env = MiniWoBEnv(tasks=["click-button", "enter-text"], recycle_every=3, pages_kept=1)
     try:
         buttons = [t for t in env.tasks("eval") if t.metadata["task"] == "click-button"]
         pages, goals = [], []
@@ -289,5 +289,28 @@ def test_episodes_of_one_task_reuse_the_page_and_start_afresh():
         page = env._page
         total, _ = play(env, buttons[4], MiniWoBExpert("click-button"))  # another task's page, same tab
         assert total == 1.0 and env._page is page and page.url.endswith("/click-button.html")
+    finally:
+        env.close()
+
+
+def test_alternating_tasks_restart_in_their_own_kept_pages():
+    """Tasks of a run alternate episode by episode; each task keeps its page, so a task seen before
+    restarts without a page load. Beyond ``pages_kept`` tasks, the page parked longest loads the new one."""
+    env = MiniWoBEnv(tasks=["click-button", "click-link", "enter-text"], pages_kept=2)
+    try:
+        by_name = {n: [t for t in env.tasks("eval") if t.metadata["task"] == n] for n in env.task_names}
+        pages: dict[str, list] = {}
+        for i in range(2):
+            for name in ("click-button", "click-link"):
+                total, _ = play(env, by_name[name][i], MiniWoBExpert(name))
+                assert total == 1.0
+                pages.setdefault(name, []).append(env._page)
+        assert pages["click-button"][0] is pages["click-button"][1] is not pages["click-link"][0]
+        assert pages["click-link"][0] is pages["click-link"][1]
+        total, _ = play(env, by_name["enter-text"][0], MiniWoBExpert("enter-text"))
+        assert total == 1.0 and env._page is pages["click-button"][0] and env._page.url.endswith("/enter-text.html")
+        assert len(env._context.pages) == 2
+        total, _ = play(env, by_name["click-link"][2], MiniWoBExpert("click-link"))
+        assert total == 1.0 and env._page is pages["click-link"][0]
     finally:
         env.close()

@@ -10,8 +10,12 @@ when a call fails, and at ``close()``.
 With ``reuse_page`` (MiniWoB's default, as MiniWoB++'s own environment does), an episode that
 ended normally leaves its page open, and the next episode starts in it (:meth:`WebEnv._restart`:
 MiniWoB restarts a task page in place, or loads the next task's page in the same tab) instead of
-in a new context with a new renderer. Any failure still closes the page, and every episode,
-reused pages included, counts towards the browser's recycling (``recycle_every``).
+in a new context with a new renderer. With ``pages_kept`` above 1, the context keeps that many
+pages, each serving one kind of task (:meth:`WebEnv._page_key`; MiniWoB: one page per task
+name), so that an episode of a task seen before restarts in its page without loading it again:
+the tasks of a run alternate episode by episode, and loading a task page was most of a reset.
+Any failure still closes the context with its pages, and every episode, reused pages included,
+counts towards the browser's recycling (``recycle_every``).
 
 Subclasses (MiniWoB++, the shop) say how an episode starts (:meth:`WebEnv._start`) and what an
 action earned (:meth:`WebEnv._outcome`).
@@ -53,9 +57,12 @@ class WebEnv(gym.Env):
     def __init__(self, max_steps: int = 10, action_timeout: float = 1.0, load_timeout: float = 20.0,
                  call_timeout: float = 120.0,
                  screenshot_dir: str | None = None, recycle_every: int = 50, chromium: str | None = None,
-                 max_tree_chars: int = 8000, viewport: tuple[int, int] = (800, 600), reuse_page: bool = False):
+                 max_tree_chars: int = 8000, viewport: tuple[int, int] = (800, 600), reuse_page: bool = False,
+                 pages_kept: int = 1):
         if max_steps < 1:
             raise ValueError(f"env.kwargs.max_steps must be at least 1, got {max_steps}")
+        if pages_kept < 1:
+            raise ValueError(f"env.kwargs.pages_kept must be at least 1, got {pages_kept}")
         if not 0 < action_timeout <= call_timeout:
             raise ValueError(f"env.kwargs.action_timeout must be in (0, call_timeout={call_timeout}], got {action_timeout}")
         self.observation_space = Text(max_length=MAX_TEXT, min_length=0, charset=PAGE_CHARSET)
@@ -70,6 +77,7 @@ class WebEnv(gym.Env):
         self.max_tree_chars = max_tree_chars
         self.viewport = {"width": int(viewport[0]), "height": int(viewport[1])}
         self.reuse_page = reuse_page
+        self.pages_kept = pages_kept
         self._live = False  # an episode is running (its page may outlive it, parked for the next one)
         self.task: Task | None = None
         self.goal = ""
@@ -78,6 +86,8 @@ class WebEnv(gym.Env):
         self._context: BrowserContext | None = None
         self._page: Page | None = None
         self._cdp: CDPSession | None = None  # the page's DevTools session, kept while the page lives
+        self._page_key_now: str | None = None  # the _page_key of the task the page last served
+        self._parked: dict[str | None, tuple[Page, CDPSession]] = {}  # other pages of the context, oldest first
         self._next_bid = 0
         self._episode_id = ""
 
@@ -109,6 +119,11 @@ class WebEnv(gym.Env):
     async def _outcome(self, page: Page, action: Action | None) -> tuple[float, bool, dict[str, Any]]:
         """(step reward, terminated, info) after ``action`` (None: it could not be parsed or run)."""
         raise NotImplementedError
+
+    def _page_key(self, task: Task) -> str | None:
+        """Which kept page serves ``task`` (with ``pages_kept`` > 1): tasks of one key share a page.
+        By default every task has the same key."""
+        return None
 
     def _extra(self) -> str:
         """A line of state to show beside the page (e.g. the shop's cart); empty by default."""
@@ -171,6 +186,7 @@ class WebEnv(gym.Env):
         if reuse:
             if self._host.claim_episode():  # else the browser is due for recycling: a new one serves
                 try:
+                    await self._switch_page(task)
                     await self._page.evaluate(FORGET_EPISODE_JS)  # bids restart at 0, nothing has focus
                     goal = await self._restart(self._page, task)
                 except Exception:  # noqa: BLE001 - a page that cannot restart is replaced by a fresh one
@@ -178,6 +194,7 @@ class WebEnv(gym.Env):
             if goal is None:
                 await self._host.close_context(self._context)
                 self._context = self._page = self._cdp = None
+                self._parked.clear()
         if goal is None:
             goal = await self._open(task)
         self.goal = goal
@@ -193,7 +210,25 @@ class WebEnv(gym.Env):
             self._context.set_default_navigation_timeout(self.load_timeout * 1000)
             self._page = await self._context.new_page()
             self._cdp = await self._context.new_cdp_session(self._page)
+            self._page_key_now = self._page_key(task)
             return await self._start(self._page, task)
+
+    async def _switch_page(self, task: Task) -> None:
+        """Bring out the kept page that last served a task of ``task``'s key, parking the current
+        one; while fewer than ``pages_kept`` are open a new page joins them, else the page parked
+        longest serves (``_restart`` then loads the task into it)."""
+        key = self._page_key(task)
+        if self.pages_kept == 1 or key == self._page_key_now:
+            return
+        self._parked[self._page_key_now] = (self._page, self._cdp)
+        if key in self._parked:
+            self._page, self._cdp = self._parked.pop(key)
+        elif len(self._parked) < self.pages_kept:
+            self._page = await self._context.new_page()
+            self._cdp = await self._context.new_cdp_session(self._page)
+        else:
+            self._page, self._cdp = self._parked.pop(next(iter(self._parked)))
+        self._page_key_now = key
 
     async def _act(self, action: Action | None, error: str) -> tuple[str, float, bool, dict[str, Any]]:
         page = self._page
@@ -240,6 +275,7 @@ class WebEnv(gym.Env):
     def _end_episode(self) -> None:
         """Close the episode's context (best effort: a dead browser has nothing left to close)."""
         context, self._context, self._page, self._cdp, self._live = self._context, None, None, None, False
+        self._parked.clear()  # its pages close with the context
         if context is not None and self._host is not None:
             try:
                 self._host.run(self._host.close_context(context), 15.0)

@@ -82,8 +82,8 @@ class MiniWoBEnv(WebEnv):
     """MiniWoB++ task pages in Chromium; a task is a (page, seed) pair."""
 
     def __init__(self, tasks: Sequence[str] | None = None, tier: str = "easy", train_seeds: int = 500,
-                 eval_seeds: int = 20, reuse_page: bool = True, **web: Any):
-        super().__init__(reuse_page=reuse_page, **web)
+                 eval_seeds: int = 20, reuse_page: bool = True, pages_kept: int = 16, **web: Any):
+        super().__init__(reuse_page=reuse_page, pages_kept=pages_kept, **web)
         if tasks is None:
             if tier not in TIERS and tier != "all":
                 raise ValueError(f"env.kwargs.tier must be one of {', '.join([*TIERS, 'all'])}, got {tier!r}")
@@ -109,6 +109,9 @@ class MiniWoBEnv(WebEnv):
     async def _start(self, page: Page, task: Task) -> str:
         await page.goto(f"{self.site}miniwob/{task.metadata['task']}.html", wait_until="load")
         return await self._start_episode(page, task)
+
+    def _page_key(self, task: Task) -> str:
+        return task.metadata["task"]
 
     async def _restart(self, page: Page, task: Task) -> str | None:
         """The next episode in the page of the last one: in the same task page, reseed and restart it
