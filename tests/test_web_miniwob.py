@@ -314,3 +314,20 @@ def test_alternating_tasks_restart_in_their_own_kept_pages():
         assert total == 1.0 and env._page is pages["click-link"][0]
     finally:
         env.close()
+
+
+def test_envs_spread_over_the_process_browsers():
+    """Env workers of one process queue on their browser's thread: up to ``browsers`` Chromiums run,
+    the envs spread over them, and each closes with its last env."""
+    envs = [MiniWoBEnv(tasks=["click-test"], browsers=2, recycle_every=77) for _ in range(3)]
+    try:
+        for e in envs:
+            total, _ = play(e, e.tasks("eval")[0], MiniWoBExpert("click-test"))
+            assert total == 1.0
+        hosts = [e._host for e in envs]
+        assert hosts[0] is not hosts[1] and hosts[2] in hosts[:2]
+        assert all(h.launches == 1 for h in hosts)
+    finally:
+        for e in envs:
+            e.close()
+    assert all(h._closed for h in hosts)

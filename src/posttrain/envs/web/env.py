@@ -58,11 +58,13 @@ class WebEnv(gym.Env):
                  call_timeout: float = 120.0,
                  screenshot_dir: str | None = None, recycle_every: int = 50, chromium: str | None = None,
                  max_tree_chars: int = 8000, viewport: tuple[int, int] = (800, 600), reuse_page: bool = False,
-                 pages_kept: int = 1):
+                 pages_kept: int = 1, browsers: int | None = None):
         if max_steps < 1:
             raise ValueError(f"env.kwargs.max_steps must be at least 1, got {max_steps}")
         if pages_kept < 1:
             raise ValueError(f"env.kwargs.pages_kept must be at least 1, got {pages_kept}")
+        if browsers is not None and browsers < 1:
+            raise ValueError(f"env.kwargs.browsers must be at least 1 (or null: one per CPU core), got {browsers}")
         if not 0 < action_timeout <= call_timeout:
             raise ValueError(f"env.kwargs.action_timeout must be in (0, call_timeout={call_timeout}], got {action_timeout}")
         self.observation_space = Text(max_length=MAX_TEXT, min_length=0, charset=PAGE_CHARSET)
@@ -78,6 +80,7 @@ class WebEnv(gym.Env):
         self.viewport = {"width": int(viewport[0]), "height": int(viewport[1])}
         self.reuse_page = reuse_page
         self.pages_kept = pages_kept
+        self.browsers = browsers or os.cpu_count() or 1  # Chromiums the process's envs spread over
         self._live = False  # an episode is running (its page may outlive it, parked for the next one)
         self.task: Task | None = None
         self.goal = ""
@@ -140,7 +143,7 @@ class WebEnv(gym.Env):
         self.task, self.steps, self._next_bid = task, 0, 0
         self._episode_id = re.sub(r"[^A-Za-z0-9_.-]+", "_", task.id) + "-" + uuid.uuid4().hex[:8]
         if self._host is None:
-            self._host = acquire_host(self.chromium, self.recycle_every)
+            self._host = acquire_host(self.chromium, self.recycle_every, self.browsers)
         try:
             page_text, info = self._host.run(self._begin(task, reuse), self.call_timeout)
         except BaseException:
