@@ -168,9 +168,10 @@ async def click(page: Page, cdp: CDPSession, selector: str, load_ms: float) -> N
     replaced = asyncio.ensure_future(page.wait_for_event("framenavigated", lambda frame: frame == page.main_frame,
                                                          timeout=load_ms))
     try:
-        for kind in ("mousePressed", "mouseReleased"):
-            await cdp.send("Input.dispatchMouseEvent",
-                           {"type": kind, "x": x, "y": y, "button": "left", "buttons": 1, "clickCount": 1})
+        # Sent together: the session delivers them in order, and the press need not be answered first.
+        await asyncio.gather(*(cdp.send("Input.dispatchMouseEvent",
+                                        {"type": kind, "x": x, "y": y, "button": "left", "buttons": 1, "clickCount": 1})
+                               for kind in ("mousePressed", "mouseReleased")))
         try:
             leaving = await page.evaluate(_LEAVING_JS)
         except Exception:  # noqa: BLE001 - the page it asked is gone: the navigation has replaced it

@@ -244,18 +244,23 @@ class WebEnv(gym.Env):
                 await page.wait_for_load_state("domcontentloaded", timeout=self.load_timeout * 1000)
             except Exception:  # noqa: BLE001 - a slow page is observed as it is
                 pass
-        reward, terminated, info = await self._outcome(page, None if error else action)
+        # What the action earned and what the page shows now are independent reads: sent together,
+        # they cost one round trip to the browser instead of two.
+        (reward, terminated, info), text = await asyncio.gather(self._outcome(page, None if error else action),
+                                                               self._observe(error))
         info["error"] = error
         await self._shoot(info)
-        return await self._observe(error), reward, terminated, info
+        return text, reward, terminated, info
 
     async def _observe(self, error: str) -> str:
         page = self._page
         for attempt in range(3):
             try:
                 self._next_bid, title = await page.evaluate(MARK_ELEMENTS_JS, self._next_bid)
-                snapshot = await self._cdp.send("DOMSnapshot.captureSnapshot", {"computedStyles": []})
-                ax = await self._cdp.send("Accessibility.getFullAXTree")
+                # One DevTools session answers in order: both reads go out at once, after the marking.
+                snapshot, ax = await asyncio.gather(
+                    self._cdp.send("DOMSnapshot.captureSnapshot", {"computedStyles": []}),
+                    self._cdp.send("Accessibility.getFullAXTree"))
                 tree = flatten_ax_tree(ax["nodes"], bids_by_backend_id(snapshot))
                 break
             except Exception:  # noqa: BLE001 - a navigation in flight destroys the context: wait and retry
