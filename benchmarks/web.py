@@ -5,7 +5,8 @@ worker is a thread with its own env instance, as posttrain's rollout runs them (
 process share one Chromium; MiniWoB episodes reuse their worker's tab, shop episodes get a fresh
 browser context each). Three envs:
 
-- ``miniwob``: posttrain's MiniWoB++ env on the expert-solvable easy tasks (Playwright, accessibility tree);
+- ``miniwob``: posttrain's MiniWoB++ env on the expert-solvable easy tasks (Playwright, accessibility tree;
+  a tab kept per task, each loaded before the clock starts, as the reference's pages are);
 - ``web_shop``: the shop, about nine page loads per episode;
 - ``miniwob-selenium``: the ``miniwob`` package's gymnasium env (Selenium + chromedriver, one browser
   per env, the page reused across episodes) on the same tasks, clicking/typing by element ref.
@@ -46,7 +47,11 @@ def posttrain_worker(kind: str, episodes: int, offset: int, stats: dict, ready: 
     env = MiniWoBEnv(tasks=list(TASKS), eval_seeds=200) if kind == "miniwob" else WebShopEnv(num_eval=200)
     tasks = env.tasks("eval")[offset: offset + episodes]
     try:
-        env.reset(options={"task": env.tasks("train")[0]})  # the browser starts before the clock does
+        # The browser starts before the clock does and, for MiniWoB, each task's tab is loaded, as the
+        # Selenium reference below starts one env (and browser) per task with its page loaded.
+        warm_up = env.tasks("train")[:len(TASKS) if kind == "miniwob" else 1]  # train tasks go through TASKS in turn
+        for task in warm_up:
+            env.reset(options={"task": task})
         ready.wait()
         stats["start"] = time.perf_counter()
         for task in tasks:
