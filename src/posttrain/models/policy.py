@@ -90,8 +90,11 @@ class Policy:
     @contextmanager
     def _pass(self) -> Iterator[None]:
         """The context of a forward pass of the policy: ``model.autocast``, and its float32 matmuls on
-        oneDNN where that measured faster than PyTorch's own (``model.pack_weights``, CPU only)."""
-        with self.autocast(), onednn_training(self.model, None if self.pack_weights else False):
+        oneDNN where that measured faster than PyTorch's own (``model.pack_weights``, CPU only). Not
+        with activation checkpointing: its recomputation in backward runs outside this context, and
+        must save what the forward saved."""
+        onednn = None if self.pack_weights and not self.cfg.gradient_checkpointing else False
+        with self.autocast(), onednn_training(self.model, onednn):
             yield
 
     def logprobs(self, input_ids, attention_mask, positions=None, prompt_lengths=None) -> tuple[torch.Tensor, torch.Tensor]:
