@@ -137,6 +137,14 @@ def test_negotiation_deal_payoffs_are_the_bundle_values():
     assert value_of(pool, values["alice"]) == value_of(pool, values["bob"]) == 10
 
 
+def test_negotiation_deals_two_different_valuations_of_the_pool_on_every_seed():
+    env = Negotiation()
+    for seed in range(300):  # seed 95's first pool is (3, 3, 3), which no valuation adds up to 10 on
+        env.reset(seed=seed)
+        alice, bob = env.values["alice"], env.values["bob"]
+        assert alice != bob and value_of(env.pool, alice) == value_of(env.pool, bob) == 10
+
+
 def test_negotiation_without_a_deal_pays_nothing_and_penalises_invalid_claims():
     env = Negotiation(max_rounds=2)
     env.reset(seed=5)

@@ -78,10 +78,12 @@ class Negotiation(ParallelEnv):
         if seed is None and isinstance(task, Task):
             seed = task.metadata.get("seed")
         rng = random.Random(seed)
-        self.pool = tuple(rng.randint(1, 3) for _ in ITEMS)
-        vectors = _value_vectors(self.pool)
+        vectors: list[tuple[int, ...]] = []
+        while len(vectors) < 2:  # (3, 3, 3) has no values adding up to 10: draw the pool again
+            self.pool = tuple(rng.randint(1, 3) for _ in ITEMS)
+            vectors = _value_vectors(self.pool)
         first = rng.choice(vectors)
-        second = rng.choice([v for v in vectors if v != first] or vectors)
+        second = rng.choice([v for v in vectors if v != first])
         self.values = dict(zip(self.possible_agents, (first, second)))
         self.agents = list(self.possible_agents)
         self.round = 0
