@@ -10,7 +10,8 @@ import os
 import platform
 from pathlib import Path
 
-from posttrain.models.cpu_probe import bf16_decode_speedup, bf16_training_speedup, cpu_flags, onednn_training_speedup
+from posttrain.models.cpu_probe import (ONEDNN_TRAINING_THRESHOLD, bf16_decode_speedup, bf16_training_speedup, cpu_flags,
+                                        onednn_training_speedup)
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
@@ -39,5 +40,5 @@ def describe() -> str:
     return (f"machine: {model}, {os.cpu_count()} cores, flags {' '.join(flags) or 'none of ' + '/'.join(FLAGS)}; "
             f"bf16 vs fp32 (0: no bf16 units): decoding {bf16_decode_speedup():.2f}x, "
             f"training matmuls {bf16_training_speedup():.2f}x; fp32 training matmuls on oneDNN vs PyTorch's "
-            f"{onednn_training_speedup():.2f}x (used from 1.1x); "
+            f"{onednn_training_speedup():.2f}x (used from {ONEDNN_TRAINING_THRESHOLD}x); "
             f"torch {torch.__version__}; load average {load:.1f}")

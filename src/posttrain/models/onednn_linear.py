@@ -80,14 +80,15 @@ def _forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 def onednn_training(model: nn.Module, enabled: bool | None = None) -> Iterator[None]:
     """Within the block, the ``nn.Linear`` layers of ``model`` (peft's LoRA layers are made of them)
     compute with :class:`OneDNNLinear`, and :func:`active` is true, so the LM head's hand-written
-    pass uses :func:`matmul_nt` too. ``enabled``: None where oneDNN measured at least 1.1x faster
-    on this CPU, True wherever this torch has the op, False never. Layers already given a forward
-    of their own (packed frozen layers) keep it; it calls :func:`linear` itself."""
-    from posttrain.models.cpu_probe import onednn_training_speedup
+    pass uses :func:`matmul_nt` too. ``enabled``: None where oneDNN measured clearly faster on
+    this CPU (:func:`~posttrain.models.cpu_probe.onednn_training`), True wherever this torch has
+    the op, False never. Layers already given a forward of their own (packed frozen layers) keep
+    it; it calls :func:`linear` itself."""
+    from posttrain.models import cpu_probe
     from posttrain.models.packed_linear import packing_available
 
     if enabled is None:
-        enabled = onednn_training_speedup() >= 1.1
+        enabled = cpu_probe.onednn_training()
     if not enabled or active() or not packing_available():
         yield
         return
