@@ -69,6 +69,9 @@ def eval_expression(expr: str) -> int:
     return total
 
 
+_EXHAUSTED = 10_000
+
+
 def _draw(rng: random.Random, difficulty: int) -> tuple[list[int], list[str]]:
     if difficulty == 1:
         return [rng.randint(1, 20), rng.randint(1, 20)], ["+"]
@@ -119,11 +122,16 @@ class ArithmeticEnv(TextEnv):
     def _generate(self, seed: int, level: int, num_train: int, num_eval: int) -> dict[str, list[Task]]:
         rng = random.Random(f"arithmetic-{seed}-{level}")
         seen: dict[str, tuple[list[int], list[str]]] = {}
-        attempts = 0
-        while len(seen) < num_train + num_eval and attempts < 50 * (num_train + num_eval):
+        attempts = misses = 0
+        # A level with fewer distinct problems than asked for (level 1 has 400) is exhausted long
+        # before 50 draws per problem: stop after _EXHAUSTED draws in a row found nothing new (the
+        # last unseen one of 400 is missed that long with probability e^-25), not 255,000 draws later.
+        while (len(seen) < num_train + num_eval and attempts < 50 * (num_train + num_eval)
+               and misses < _EXHAUSTED):
             attempts += 1
             nums, ops = _draw(rng, level)
             expr = _render(nums, ops)
+            misses = misses + 1 if expr in seen else 0
             seen.setdefault(expr, (nums, ops))
         exprs = list(seen)
         if len(exprs) <= num_eval:
