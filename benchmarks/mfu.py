@@ -32,7 +32,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from posttrain.models import load_model
-from posttrain.models.cpu_probe import has_bf16_units, onednn_training
+from posttrain.models.cpu_probe import has_bf16_units, onednn_training_pays
 from posttrain.models.logprobs import policy_forward
 from posttrain.models.onednn_linear import onednn_training
 from posttrain.models.packed_linear import packing_available
@@ -111,7 +111,7 @@ def main() -> None:
     }
     load_before = os.getloadavg()[0]
     peak = matmul_peak()
-    kernels = "oneDNN matmuls" if onednn_training() else "PyTorch's matmuls"
+    kernels = "oneDNN matmuls" if onednn_training_pays() else "PyTorch's matmuls"
     results = {}
     for name, shape in shapes.items():
         results[f"{name}, the trainer's kernels ({kernels})"] = measure(model, shape, args.repeats)

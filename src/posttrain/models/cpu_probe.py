@@ -92,7 +92,7 @@ def bf16_training_speedup(rows: int = 512, features: int = 576, outputs: int = 1
 
 # The oneDNN training path is taken only with a clear margin: on an AMD EPYC (Zen 3, AVX2 only) single
 # layers measured 0.9-1.2x, with a median of 1.08x, while whole training passes ran 1.1-1.3x slower
-# on it (benchmarks/mfu.py); on Zen 5 the probe reads 2.1-2.2x.
+# on it (benchmarks/mfu.py); on Zen 5 a layer measured 2.1-2.2x.
 ONEDNN_TRAINING_THRESHOLD = 1.25
 
 
@@ -127,7 +127,7 @@ def onednn_training_speedup(rows: int = 256, features: int = 576, hidden: int = 
         return 0.0
 
 
-def onednn_training() -> bool:
+def onednn_training_pays() -> bool:
     """Whether training passes run their float32 matmuls on oneDNN here (see ONEDNN_TRAINING_THRESHOLD)."""
     return onednn_training_speedup() >= ONEDNN_TRAINING_THRESHOLD
 

@@ -81,14 +81,14 @@ def onednn_training(model: nn.Module, enabled: bool | None = None) -> Iterator[N
     """Within the block, the ``nn.Linear`` layers of ``model`` (peft's LoRA layers are made of them)
     compute with :class:`OneDNNLinear`, and :func:`active` is true, so the LM head's hand-written
     pass uses :func:`matmul_nt` too. ``enabled``: None where oneDNN measured clearly faster on
-    this CPU (:func:`~posttrain.models.cpu_probe.onednn_training`), True wherever this torch has
+    this CPU (:func:`~posttrain.models.cpu_probe.onednn_training_pays`), True wherever this torch has
     the op, False never. Layers already given a forward of their own (packed frozen layers) keep
     it; it calls :func:`linear` itself."""
     from posttrain.models import cpu_probe
     from posttrain.models.packed_linear import packing_available
 
     if enabled is None:
-        enabled = cpu_probe.onednn_training()
+        enabled = cpu_probe.onednn_training_pays()
     if not enabled or active() or not packing_available():
         yield
         return
