@@ -5,8 +5,9 @@ batch 1, 8, 32 and 64 distinct prompts, and in the GRPO shape (4 prompts x 8 sam
 ``num_samples=8`` for posttrain and vLLM, ``num_return_sequences=8`` for ``generate``). Tokens/s
 counts the tokens each sequence generated up to and including its EOS (what the trainer
 receives), over the wall time of the call. The contenders alternate call by call; the table
-reports medians. On a CPU with bf16 units, posttrain's bf16 decoding (``rollout.decode_dtype:
-bfloat16``) joins as its own column. Where vLLM is installed (``make test-vllm`` builds .venv-vllm), posttrain's vLLM
+reports medians. Where ``rollout.decode_dtype: auto`` picks bf16 (on a CPU with bf16 units, or on
+one without them where one-row steps gain from bf16 weights), posttrain's bf16 decoding joins as
+its own column. Where vLLM is installed (``make test-vllm`` builds .venv-vllm), posttrain's vLLM
 backend joins as it runs in training: in this process, eager, on a copy of the same weights
 (``--vllm-dtype``, float32 by default like the trainer), and its engine start time is reported.
 
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 
 from posttrain.envs import make_env
-from posttrain.models.cpu_probe import bf16_decode_speedup
+from posttrain.models.cpu_probe import decode_dtype
 from posttrain.models import load_model, load_tokenizer
 from posttrain.rollout import HFBackend, SamplingParams
 from posttrain.rollout.episodes import encode_prompt
@@ -84,7 +85,7 @@ def main() -> None:
         return hf_generate(model, tokenizer, batch, n, args.max_new_tokens)
 
     contenders = {"posttrain": ours, "model.generate": theirs}
-    if bf16_decode_speedup() > 0:  # a CPU with bf16 units: posttrain's bf16 decoding (rollout.decode_dtype)
+    if decode_dtype("auto") == torch.bfloat16:  # what rollout.decode_dtype: auto decodes in here
         bf16_backend = HFBackend(model, tokenizer, batch_size=64, seed=0, decode_dtype="bfloat16")
 
         def ours_bf16(batch: list[list[int]], n: int) -> int:

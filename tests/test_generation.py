@@ -194,18 +194,36 @@ def test_fast_decode_handles_attention_biases_and_leaves_other_architectures_alo
     assert all(len(g.token_ids) == 4 for g in gens)
 
 
-def test_bf16_decoding_is_close_to_the_trainer_and_says_it_is_not_its_own(tiny_model, tokenizer):
-    from posttrain.models.cpu_probe import has_bf16_units
-
-    if not has_bf16_units():
-        pytest.skip("bf16 decoding is for CPUs with bf16 units")
-    backend = HFBackend(tiny_model, tokenizer, seed=2, decode_dtype="bfloat16")
-    assert not backend.same_logprobs_as_trainer  # the trainer must not reuse these as its own
-    prompts = prompt_ids(tokenizer)
-    gens = backend.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=10))
+def _logprob_gaps(model, prompts, gens) -> list[float]:
+    """Per generation, the largest gap between the sampler's log-probabilities and the trainer's."""
     gaps = []
     for prompt, gen in zip(prompts, gens):
         ids = torch.tensor([prompt + gen.token_ids])
-        lp, _ = token_logprobs(tiny_model, ids, torch.ones_like(ids))
+        lp, _ = token_logprobs(model, ids, torch.ones_like(ids))
         gaps.append((lp[0, len(prompt):] - torch.tensor(gen.logprobs)).abs().max().item())
-    assert 0 < max(gaps) < 0.1  # bf16 rounding, not a different model
+    return gaps
+
+
+def test_bf16_decoding_is_close_to_the_trainer_and_says_it_is_not_its_own(tiny_model, tokenizer):
+    # Two rows: decoded on bf16 weights on every CPU (with bf16 units at any width, without them at
+    # one or two rows), where it used to fail to pack bf16 weights without AVX-512.
+    backend = HFBackend(tiny_model, tokenizer, seed=2, decode_dtype="bfloat16")
+    assert not backend.same_logprobs_as_trainer  # the trainer must not reuse these as its own
+    prompts = prompt_ids(tokenizer)[:2]
+    gens = backend.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=10))
+    assert all(len(g.token_ids) == 10 or g.finish_reason == "stop" for g in gens)
+    assert 0 < max(_logprob_gaps(tiny_model, prompts, gens)) < 0.1  # bf16 rounding, not a different model
+
+
+def test_bf16_decoding_without_bf16_units_keeps_wide_steps_in_float32(tiny_model, tokenizer):
+    from posttrain.models.cpu_probe import has_bf16_units
+
+    if has_bf16_units():
+        pytest.skip("with bf16 units every step decodes in bf16")
+    backend = HFBackend(tiny_model, tokenizer, seed=4, decode_dtype="bfloat16")
+    prompts = prompt_ids(tokenizer)
+    params = SamplingParams(temperature=1.0, max_new_tokens=8)
+    wide = backend.generate(prompts, params, num_samples=2)  # 6 rows throughout: float32's own log-probs
+    assert max(_logprob_gaps(tiny_model, [p for p in prompts for _ in range(2)], wide)) < 1e-4
+    narrow = backend.generate(prompts[:1], params)  # one row: bf16 weights
+    assert 0 < max(_logprob_gaps(tiny_model, prompts[:1], narrow)) < 0.1

@@ -286,9 +286,11 @@ class RolloutSection(_Section):
     batch_size: int = Field(64, gt=0, description="Most sequences generated in one batched call.")
     decode_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "float32", description="HF backend on CPU (Llama-family models): the matmul precision of decoding. "
-        "bfloat16 decodes 1.4-1.75x faster on CPUs with bf16 units (AVX512-BF16, AMX), but its log-probs are "
-        "not the trainer's, so the trainer measures the gap and applies algorithm.tis_cap; auto picks bfloat16 "
-        "where a start-up measurement finds it at least 1.2x faster, else float32.")
+        "bfloat16 decodes 1.4-1.75x faster on CPUs with bf16 units (AVX512-BF16, AMX); on CPUs without them "
+        "it is used only for steps of one or two rows (1.7-2x faster matmuls there, e.g. batch-1 evaluation), "
+        "wider steps staying float32. Its log-probs are not the trainer's, so the trainer measures the gap and "
+        "applies algorithm.tis_cap; auto picks bfloat16 where a start-up measurement finds it at least 1.2x "
+        "faster, else float32.")
     max_turns: int = Field(1, gt=0, description="Most agent turns per episode (1: single-turn).")
     max_context_tokens: int = Field(
         4096, gt=0, description="An episode whose next turn would not fit in this many tokens ends as truncated."

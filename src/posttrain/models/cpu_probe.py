@@ -2,10 +2,12 @@
 
 CPUs differ in ways that flip which precision is fastest: on an AMD EPYC with AVX512-BF16 a
 bf16 matmul at decoding shapes runs about 1.5x faster than fp32; on an Intel Xeon with AMX,
-about 3x; on a CPU with neither, bf16 is emulated and slower than fp32. So the fast paths that
-change precision are chosen by measuring, once per process: the packed linear layer at the
-decoding shape of the default model (16 rows, 576 -> 1536), in both dtypes, best of a few
-repetitions (about 50 ms in all). Kernels are chosen the same way: the training pass's float32
+about 3x; on a CPU with neither, a bf16 matmul is emulated and slower than fp32, except at one
+or two rows, where reading bf16 weights (half the bytes) wins (1.7x on a Zen 3 EPYC). So the fast
+paths that change precision are chosen by measuring, once per process: the packed linear layer
+at the decoding shape of the default model (16 rows, 576 -> 1536), in both dtypes, best of a few
+repetitions (about 50 ms in all); on a CPU without bf16 units, one-row matmuls over more weights
+than its caches hold (about 0.5 s). Kernels are chosen the same way: the training pass's float32
 matmuls run on oneDNN where it measured clearly faster than PyTorch's MKL path (2x on a Zen 5
 AMD EPYC, whose CPUs MKL runs on a generic code path; level on a Zen 3 one, which keeps MKL).
 """
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from posttrain.models.packed_linear import _pack, _packed_linear, packing_available
 
@@ -90,6 +93,32 @@ def bf16_training_speedup(rows: int = 512, features: int = 576, outputs: int = 1
     return fp32 / bf16
 
 
+@functools.cache
+def one_row_bf16_decode_speedup(layers: int = 24, features: int = 576, outputs: int = 1536) -> float:
+    """How many times faster a one-row decoding step's matmuls are on plain bf16 weights (PyTorch's
+    matrix-vector kernel, which widens them to fp32 as it reads them) than on packed fp32 ones,
+    here; 0 without oneDNN packing. Timed over ``layers`` weights (85 MB in fp32), more than a CPU
+    cache holds, because a one-row step is bound by reading its weights from memory (about 0.5 s)."""
+    if not packing_available():
+        return 0.0
+    with torch.no_grad():
+        weights = [torch.rand(outputs, features) - 0.5 for _ in range(layers)]
+        packed = [_pack(w, 1) for w in weights]
+        halves = [w.bfloat16() for w in weights]
+        del weights
+        x = torch.randn(1, features)
+        fp32 = _best_seconds(lambda: [_packed_linear(p, None, x) for p in packed], repeats=3, calls=2)
+        bf16 = _best_seconds(lambda: [F.linear(x.bfloat16(), h).float() for h in halves], repeats=3, calls=2)
+    return fp32 / bf16
+
+
+def bf16_decoding_speedup() -> float:
+    """What ``rollout.decode_dtype: bfloat16`` buys here, as :mod:`posttrain.rollout.fast_decode` uses
+    it: at every step where the CPU has bf16 units (:func:`bf16_decode_speedup`), otherwise only at
+    narrow steps of one or two rows (:func:`one_row_bf16_decode_speedup`)."""
+    return bf16_decode_speedup() if has_bf16_units() else one_row_bf16_decode_speedup()
+
+
 # The oneDNN training path is taken only with a clear margin: on an AMD EPYC (Zen 3, AVX2 only) single
 # layers measured 0.9-1.2x, with a median of 1.08x, while whole training passes ran 1.1-1.3x slower
 # on it (benchmarks/mfu.py); on Zen 5 a layer measured 2.1-2.2x.
@@ -133,7 +162,8 @@ def onednn_training_pays() -> bool:
 
 
 def decode_dtype(name: str) -> torch.dtype:
-    """``rollout.decode_dtype`` as a torch dtype; ``auto`` is bfloat16 where it measured 1.2x faster or more."""
+    """``rollout.decode_dtype`` as a torch dtype; ``auto`` is bfloat16 where it measured 1.2x faster or
+    more (:func:`bf16_decoding_speedup`)."""
     if name == "auto":
-        return torch.bfloat16 if bf16_decode_speedup() >= 1.2 else torch.float32
+        return torch.bfloat16 if bf16_decoding_speedup() >= 1.2 else torch.float32
     return getattr(torch, name)

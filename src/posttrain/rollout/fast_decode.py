@@ -14,24 +14,34 @@ with LoRA adapters folded in, exactly as the generic path does.
 In float32 the arithmetic is the model's own (same formulas), so the sampled tokens'
 log-probabilities agree with the trainer's forward pass to float rounding, which the trainer
 relies on when it reuses them as the old policy's. In bfloat16 (``rollout.decode_dtype``) the
-matmuls take bf16 weights and inputs (everything else stays float32): 1.4-1.75x faster decoding on
-a CPU with bf16 units, at the price of log-probabilities that differ from the trainer's, which the
-trainer then treats as another engine's (``HFBackend.same_logprobs_as_trainer``). Models this
-module does not recognise (other architectures, biases in the MLP or the output projection,
-sliding windows, a non-SiLU activation) use the generic path.
+matmuls take bf16 weights and inputs (everything else stays float32), at the price of
+log-probabilities that differ from the trainer's, which the trainer then treats as another
+engine's (``HFBackend.same_logprobs_as_trainer``). On a CPU with bf16 units every step runs on
+packed bf16 weights: 1.4-1.75x faster decoding. On one without them a bf16 matmul is emulated
+and slower than float32's, except where a step is bound by reading the weights: at one or two
+rows PyTorch's matrix-vector kernel widens bf16 weights to float32 as it streams them, reading
+half the bytes (measured on a Zen 3 EPYC, the default model's matmuls at one row: 24 ms instead of
+44-57 ms on packed float32; at two rows 40 instead of 60; at three, level). There, steps of at
+most :data:`NARROW_ROWS` rows use plain bf16 weights and wider ones packed float32 weights, each
+copy made the first time a step needs it. Models this module does not recognise (other
+architectures, biases in the MLP or the output projection, sliding windows, a non-SiLU
+activation) use the generic path.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from posttrain.models.cpu_probe import has_bf16_units
 from posttrain.models.packed_linear import _mergeable_lora, _pack, _packed_linear, packing_available
 
 SUPPORTED_TYPES = {"llama", "qwen2", "mistral"}
+NARROW_ROWS = 2  # on CPUs without bf16 units, bf16 decoding pays only at this many rows or fewer
 
 
 def effective_weight(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -71,22 +81,49 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 @dataclass
 class _Layer:
     norm1: torch.Tensor
-    qkv: torch.Tensor  # packed [q; k; v] weight
+    qkv: torch.Tensor  # [q; k; v] weight
     qkv_bias: torch.Tensor | None
     out: torch.Tensor
     norm2: torch.Tensor
-    gate_up: torch.Tensor  # packed [gate; up] weight
+    gate_up: torch.Tensor  # [gate; up] weight
     down: torch.Tensor
 
 
+Linear = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Matmuls:
+    """One copy of the model's projection weights, in the layout and precision of one kernel, and
+    that kernel: ``linear(weight, bias, x)`` is x W^T + b, float32 in and out."""
+
+    layers: list[_Layer]
+    head: torch.Tensor
+    head_bias: torch.Tensor | None
+    linear: Linear
+
+
+def _packed_fp32(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    return _packed_linear(weight, bias, x)
+
+
+def _packed_bf16(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    return _packed_linear(weight, bias, x.to(torch.bfloat16)).float()
+
+
+def _plain_bf16(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x.to(torch.bfloat16), weight, bias).float()
+
+
 class DecodeWeights:
-    """The model's weights packed (in ``dtype``) for decoding ``rows`` rows at a time; built once per
-    ``generate`` call."""
+    """The model's weights prepared for decoding in ``dtype``, built once per ``generate`` call
+    (``rows``: the rows of its first step, whose copy is made at once; see the module docstring
+    for which copy serves which steps)."""
 
     @torch.no_grad()
     def __init__(self, model: nn.Module, rows: int, dtype: torch.dtype = torch.float32):
         config, decoder = model.config, model.get_decoder()
-        self.dtype, self.rows = dtype, rows
+        self.model, self.dtype = model, dtype
         self.heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
@@ -94,25 +131,41 @@ class DecodeWeights:
         self.embed = decoder.embed_tokens.weight
         self.rotary = decoder.rotary_emb
         self.final_norm = decoder.norm.weight
-        head = effective_weight(model.get_output_embeddings())
+        # bf16 without bf16 units: only narrow steps take bf16 weights (module docstring).
+        self.narrow_only_bf16 = dtype == torch.bfloat16 and not has_bf16_units()
+        self._copies: dict[str, Matmuls] = {}
+        self.matmuls(rows)  # raises ValueError now, not mid-generation, for a layer we do not know
+
+    def matmuls(self, rows: int) -> Matmuls:
+        """The weights and kernel for a step of ``rows`` rows."""
+        if self.dtype == torch.float32 or (self.narrow_only_bf16 and rows > NARROW_ROWS):
+            kind = "packed fp32"
+        else:
+            kind = "plain bf16" if self.narrow_only_bf16 else "packed bf16"
+        if kind not in self._copies:
+            self._copies[kind] = self._build(kind, rows)
+        return self._copies[kind]
+
+    @torch.no_grad()
+    def _build(self, kind: str, rows: int) -> Matmuls:
+        if kind == "plain bf16":
+            def prepare(weight: torch.Tensor) -> torch.Tensor:
+                return weight.to(torch.bfloat16).contiguous()
+        else:
+            dtype = torch.float32 if kind == "packed fp32" else torch.bfloat16
+
+            def prepare(weight: torch.Tensor) -> torch.Tensor:
+                return _pack(weight.to(dtype), rows)
+        bias_dtype = torch.float32 if kind == "packed fp32" else torch.bfloat16
+        linear = {"packed fp32": _packed_fp32, "packed bf16": _packed_bf16, "plain bf16": _plain_bf16}[kind]
+        head = effective_weight(self.model.get_output_embeddings())
         if head is None:
             raise ValueError("the output embedding is not a linear layer")
-        self.head, self.head_bias = self._pack(head[0]), self._cast(head[1])
-        self.layers = [self._layer(layer) for layer in decoder.layers]
+        layers = [self._layer(layer, prepare, bias_dtype) for layer in self.model.get_decoder().layers]
+        return Matmuls(layers, prepare(head[0]), _cast(head[1], bias_dtype), linear)
 
-    def _pack(self, weight: torch.Tensor) -> torch.Tensor:
-        return _pack(weight.to(self.dtype), self.rows)
-
-    def _cast(self, bias: torch.Tensor | None) -> torch.Tensor | None:
-        return None if bias is None else bias.to(self.dtype)
-
-    def linear(self, packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-        """x W^T + b on a packed weight; float32 in and out whatever the weights' dtype."""
-        if self.dtype == torch.float32:
-            return _packed_linear(packed, bias, x)
-        return _packed_linear(packed, bias, x.to(self.dtype)).float()
-
-    def _layer(self, layer: nn.Module) -> _Layer:
+    @staticmethod
+    def _layer(layer: nn.Module, prepare: Callable[[torch.Tensor], torch.Tensor], bias_dtype: torch.dtype) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         parts = [effective_weight(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
                                                mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
@@ -122,15 +175,19 @@ class DecodeWeights:
         biases = [qb, kb, vb]
         qkv_bias = None if all(b is None for b in biases) else torch.cat(
             [b if b is not None else torch.zeros(w.shape[0]) for b, w in zip(biases, (q, k, v))])
-        return _Layer(layer.input_layernorm.weight, self._pack(torch.cat([q, k, v])), self._cast(qkv_bias),
-                      self._pack(o), layer.post_attention_layernorm.weight, self._pack(torch.cat([gate, up])),
-                      self._pack(down))
+        return _Layer(layer.input_layernorm.weight, prepare(torch.cat([q, k, v])), _cast(qkv_bias, bias_dtype),
+                      prepare(o), layer.post_attention_layernorm.weight, prepare(torch.cat([gate, up])),
+                      prepare(down))
 
     def rotary_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin ``[length, head_dim]`` for positions 0..length-1, from the model's own rotary module."""
         positions = torch.arange(length).unsqueeze(0)
         cos, sin = self.rotary(self.embed[:1].unsqueeze(0), positions)
         return cos[0], sin[0]
+
+
+def _cast(bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if bias is None else bias.to(dtype)
 
 
 class StaticCache:
@@ -181,10 +238,11 @@ def decode_step(w: DecodeWeights, cache: StaticCache, tokens: torch.Tensor, cos:
     scale = dim ** -0.5
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
     bias = cache.bias[:, :, :, : col + 1]
+    m = w.matmuls(rows)
     x = w.embed[tokens]
-    for i, layer in enumerate(w.layers):
+    for i, layer in enumerate(m.layers):
         h = rms_norm(x, layer.norm1, w.eps)
-        qkv = w.linear(layer.qkv, layer.qkv_bias, h).view(rows, heads + 2 * kv_heads, dim)
+        qkv = m.linear(layer.qkv, layer.qkv_bias, h).view(rows, heads + 2 * kv_heads, dim)
         qk = rotate(qkv[:, : heads + kv_heads], cos, sin)
         cache.keys[i][:, :, col] = qk[:, heads:]
         cache.values[i][:, :, col] = qkv[:, heads + kv_heads :]
@@ -192,9 +250,9 @@ def decode_step(w: DecodeWeights, cache: StaticCache, tokens: torch.Tensor, cos:
         q = qk[:, :heads].reshape(rows, kv_heads, group, dim)
         scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(scale).add_(bias)
         attended = torch.matmul(scores.softmax(-1), values).reshape(rows, heads * dim)
-        x = x + w.linear(layer.out, None, attended)
+        x = x + m.linear(layer.out, None, attended)
         h = rms_norm(x, layer.norm2, w.eps)
-        gate, up = w.linear(layer.gate_up, None, h).chunk(2, dim=-1)
-        x = x + w.linear(layer.down, None, F.silu(gate) * up)
+        gate, up = m.linear(layer.gate_up, None, h).chunk(2, dim=-1)
+        x = x + m.linear(layer.down, None, F.silu(gate) * up)
     cache.length = col + 1
-    return w.linear(w.head, w.head_bias, rms_norm(x, w.final_norm, w.eps))
+    return m.linear(m.head, m.head_bias, rms_norm(x, w.final_norm, w.eps))

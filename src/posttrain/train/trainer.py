@@ -33,7 +33,7 @@ from posttrain.train.optimizer import adamw, lr_schedule
 from posttrain.train.resume import check_resumable, cut_run_dir, latest_checkpoint, load_weights
 from posttrain.train.stopping import RunGuard
 from posttrain.train.stats import RunningStats
-from posttrain.types import Batch, Rewards, Trajectory
+from posttrain.types import Batch, Rewards, Task, Trajectory
 
 
 def optimizer_steps_per_batch(cfg: RunConfig) -> int:
