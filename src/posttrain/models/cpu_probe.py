@@ -3,7 +3,7 @@
 CPUs differ in ways that flip which precision is fastest: on an AMD EPYC with AVX512-BF16 a
 bf16 matmul at decoding shapes runs about 1.5x faster than fp32; on an Intel Xeon with AMX,
 about 3x; on a CPU with neither, a bf16 matmul is emulated and slower than fp32, except at one
-or two rows, where reading bf16 weights (half the bytes) wins (1.7x on a Zen 3 EPYC). So the fast
+or two rows, where reading bf16 weights (half the bytes) wins (1.6-2.1x on a Zen 3 EPYC). So the fast
 paths that change precision are chosen by measuring, once per process: the packed linear layer
 at the decoding shape of the default model (16 rows, 576 -> 1536), in both dtypes, best of a few
 repetitions (about 50 ms in all); on a CPU without bf16 units, one-row matmuls over more weights

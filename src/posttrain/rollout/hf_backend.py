@@ -111,7 +111,7 @@ class HFBackend:
         if fast is not None:  # the prompt's keys and values move into a cache with room for every new token
             cache = StaticCache([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers],
                                 mask, width + params.max_new_tokens)
-            cos, sin = fast.rotary_tables(int(next_pos.max()) + params.max_new_tokens)
+            cos, signed_sin = fast.rotary_tables(int(next_pos.max()) + params.max_new_tokens)
         for step in range(params.max_new_tokens):
             tok, lp = sample_next(logits, params.temperature, params.top_p, self.generator)
             done = torch.isin(tok, eos).tolist()  # host copies: one transfer each per step on a GPU
@@ -135,7 +135,7 @@ class HFBackend:
                     cache.batch_select_indices(idx)
                 active, tok, mask, next_pos = active[idx], tok[idx], mask[idx], next_pos[idx]
             if fast is not None:
-                logits = decode_step(fast, cache, tok, cos[next_pos], sin[next_pos])
+                logits = decode_step(fast, cache, tok, cos[next_pos], signed_sin[next_pos])
             else:
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                 logits = self.model(
