@@ -25,15 +25,16 @@ import torch.nn.functional as F
 from posttrain.models.packed_linear import _pack, _packed_linear, packing_available
 
 
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (/proc/cpuinfo on Linux; empty elsewhere)."""
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (/proc/cpuinfo on Linux; empty elsewhere), read once per process."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 def has_bf16_units() -> bool:

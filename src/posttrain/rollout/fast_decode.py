@@ -128,10 +128,6 @@ class Matmuls:
     linear: Linear
 
 
-def _packed_fp32(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    return _packed_linear(weight, bias, x)
-
-
 def _packed_bf16(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     return _packed_linear(weight, bias, x.to(torch.bfloat16))
 
@@ -182,7 +178,7 @@ class DecodeWeights:
             def prepare(weight: torch.Tensor) -> torch.Tensor:
                 return _pack(weight.to(dtype), rows)
         bias_dtype = torch.float32 if kind == "packed fp32" else torch.bfloat16
-        linear = {"packed fp32": _packed_fp32, "packed bf16": _packed_bf16, "plain bf16": _plain_bf16}[kind]
+        linear = {"packed fp32": _packed_linear, "packed bf16": _packed_bf16, "plain bf16": _plain_bf16}[kind]
         head = effective_weight(self.model.get_output_embeddings())
         if head is None:
             raise ValueError("the output embedding is not a linear layer")
