@@ -11,7 +11,8 @@ import platform
 from pathlib import Path
 
 from posttrain.models.cpu_probe import (ONEDNN_TRAINING_THRESHOLD, bf16_decode_speedup, bf16_training_speedup, cpu_flags,
-                                        has_bf16_units, one_row_bf16_decode_speedup, onednn_training_speedup)
+                                        has_bf16_units, narrow_bf16_decode_speedup, narrow_decode_kernel,
+                                        onednn_training_speedup)
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
@@ -44,8 +45,10 @@ def describe() -> str:
 
 
 def bf16_line() -> str:
-    """What bf16 decoding and training matmuls measured here against fp32."""
+    """What bf16 decoding and training matmuls measured here against fp32, and the kernels that
+    one-row decode steps take."""
+    narrow = f"one-row decode steps on {narrow_decode_kernel(False)} (float32), {narrow_decode_kernel(True)} (bf16)"
     if has_bf16_units():
         return (f"bf16 vs fp32: decoding {bf16_decode_speedup():.2f}x, "
-                f"training matmuls {bf16_training_speedup():.2f}x")
-    return f"no bf16 units: bf16 vs fp32 one-row decoding {one_row_bf16_decode_speedup():.2f}x"
+                f"training matmuls {bf16_training_speedup():.2f}x; {narrow}")
+    return f"no bf16 units: bf16 vs fp32 one-row decoding {narrow_bf16_decode_speedup():.2f}x; {narrow}"

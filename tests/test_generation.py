@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from posttrain.models import token_logprobs
+from posttrain.models.decode_kernels import FP32_KERNELS
 from posttrain.rollout import HFBackend, SamplingParams, encode_prompt
 
 PROMPTS = ["What is 2 + 3?", "Hello there, who are you?", "List three colours"]
@@ -205,11 +206,16 @@ def _logprob_gaps(model, prompts, gens) -> list[float]:
 
 
 def test_bf16_decoding_is_close_to_the_trainer_and_says_it_is_not_its_own(tiny_model, tokenizer):
-    # Two rows: decoded on bf16 weights on every CPU (with bf16 units at any width, without them at
-    # one or two rows), where it used to fail to pack bf16 weights without AVX-512.
+    from posttrain.models.cpu_probe import has_bf16_units, narrow_decode_kernel
+
+    # Rows that decode on a bf16 kernel: any 3 or more with bf16 units; without them (where packing
+    # bf16 weights used to fail) only narrow steps, when a bf16 kernel measured fastest for them.
+    rows = 3 if has_bf16_units() else 1
+    if rows == 1 and narrow_decode_kernel(True) in FP32_KERNELS:
+        pytest.skip("no bf16 kernel is the fastest for any step on this CPU")
     backend = HFBackend(tiny_model, tokenizer, seed=2, decode_dtype="bfloat16")
     assert not backend.same_logprobs_as_trainer  # the trainer must not reuse these as its own
-    prompts = prompt_ids(tokenizer)[:2]
+    prompts = prompt_ids(tokenizer)[:rows]
     gens = backend.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=10))
     assert all(len(g.token_ids) == 10 or g.finish_reason == "stop" for g in gens)
     assert 0 < max(_logprob_gaps(tiny_model, prompts, gens)) < 0.1  # bf16 rounding, not a different model
@@ -225,5 +231,3 @@ def test_bf16_decoding_without_bf16_units_keeps_wide_steps_in_float32(tiny_model
     params = SamplingParams(temperature=1.0, max_new_tokens=8)
     wide = backend.generate(prompts, params, num_samples=2)  # 6 rows throughout: float32's own log-probs
     assert max(_logprob_gaps(tiny_model, [p for p in prompts for _ in range(2)], wide)) < 1e-4
-    narrow = backend.generate(prompts[:1], params)  # one row: bf16 weights
-    assert 0 < max(_logprob_gaps(tiny_model, prompts[:1], narrow)) < 0.1

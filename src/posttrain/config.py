@@ -287,8 +287,9 @@ class RolloutSection(_Section):
     decode_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "float32", description="HF backend on CPU (Llama-family models): the matmul precision of decoding. "
         "bfloat16 decodes 1.4-1.75x faster on CPUs with bf16 units (AVX512-BF16, AMX); on CPUs without them "
-        "it is used only for steps of one or two rows (1.7-2x faster matmuls there, e.g. batch-1 evaluation), "
-        "wider steps staying float32. Its log-probs are not the trainer's, so the trainer measures the gap and "
+        "wider steps stay float32. Steps of one or two rows (e.g. batch-1 evaluation) take the kernel measured "
+        "fastest at one row, a bf16 one only in bfloat16 (without bf16 units: 1.7-2x faster matmuls; on an "
+        "Intel Xeon with AMX: float32 ones). Its log-probs are not the trainer's, so the trainer measures the gap and "
         "applies algorithm.tis_cap; auto picks bfloat16 where a start-up measurement finds it at least 1.2x "
         "faster, else float32.")
     max_turns: int = Field(1, gt=0, description="Most agent turns per episode (1: single-turn).")

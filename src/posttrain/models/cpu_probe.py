@@ -1,15 +1,18 @@
 """What this CPU computes fastest: read once from its flags and a short measurement.
 
-CPUs differ in ways that flip which precision is fastest: on an AMD EPYC with AVX512-BF16 a
-bf16 matmul at decoding shapes runs about 1.5x faster than fp32; on an Intel Xeon with AMX,
-about 3x; on a CPU with neither, a bf16 matmul is emulated and slower than fp32, except at one
-or two rows, where reading bf16 weights (half the bytes) wins (1.6-2.1x on a Zen 3 EPYC). So the fast
-paths that change precision are chosen by measuring, once per process: the packed linear layer
-at the decoding shape of the default model (16 rows, 576 -> 1536), in both dtypes, best of a few
-repetitions (about 50 ms in all); on a CPU without bf16 units, one-row matmuls over more weights
-than its caches hold (about 0.5 s). Kernels are chosen the same way: the training pass's float32
-matmuls run on oneDNN where it measured clearly faster than PyTorch's MKL path (2x on a Zen 5
-AMD EPYC, whose CPUs MKL runs on a generic code path; level on a Zen 3 one, which keeps MKL).
+CPUs differ in ways that flip which precision and kernel are fastest: on an AMD EPYC with
+AVX512-BF16 a bf16 matmul at decoding shapes runs about 1.5x faster than fp32; on an Intel Xeon
+with AMX, about 3x; on a CPU with neither, a bf16 matmul is emulated and slower than fp32. A step
+of one or two rows is another matter: it is bound by reading the weights, and there the fastest
+kernel was plain bf16 weights on a Zen 3 EPYC (half the bytes, 1.6-2.1x; of the float32 ones,
+oneDNN's packed), and MKL's matrix-vector kernel on plain float32 weights on an Intel Xeon with
+AMX, whose packed kernels, bf16 included, were slower at one row. So the fast paths are chosen by
+measuring, once per process: the packed linear layer at the decoding shape of the default model
+(16 rows, 576 -> 1536) in both dtypes (about 50 ms); every decode kernel at one row, over more
+weights than a cache holds (under 1 s, the first time a narrow step needs it). Kernels for training are chosen the same way: the
+training pass's float32 matmuls run on oneDNN where it measured clearly faster than PyTorch's MKL
+path (2x on a Zen 5 AMD EPYC, whose CPUs MKL runs on a generic code path; level on a Zen 3 one,
+which keeps MKL).
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from __future__ import annotations
 import functools
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from posttrain.models.decode_kernels import FP32_KERNELS, KERNELS
 from posttrain.models.packed_linear import _pack, _packed_linear, packing_available
 
 
@@ -42,14 +46,17 @@ def has_bf16_units() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
-def _best_seconds(fn, repeats: int = 5, calls: int = 20) -> float:
-    fn()
-    best = float("inf")
+def _best_seconds_in_turns(runs: dict[object, Callable[[], object]], repeats: int = 3) -> dict[object, float]:
+    """Best time of each callable, timed in turns so that a burst of load on a shared machine does
+    not fall on one of them only."""
+    best = dict.fromkeys(runs, float("inf"))
+    for fn in runs.values():
+        fn()
     for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
+        for name, fn in runs.items():
+            start = time.perf_counter()
             fn()
-        best = min(best, (time.perf_counter() - start) / calls)
+            best[name] = min(best[name], time.perf_counter() - start)
     return best
 
 
@@ -64,11 +71,12 @@ def bf16_decode_speedup(rows: int = 16, features: int = 576, outputs: int = 1536
         try:
             p32, p16 = _pack(weight, rows), _pack(weight.bfloat16(), rows)
             x16 = x.bfloat16()
-            fp32 = _best_seconds(lambda: _packed_linear(p32, None, x))
-            bf16 = _best_seconds(lambda: _packed_linear(p16, None, x16))
+            best = _best_seconds_in_turns({"fp32": lambda: [_packed_linear(p32, None, x) for _ in range(20)],
+                                           "bf16": lambda: [_packed_linear(p16, None, x16) for _ in range(20)]},
+                                          repeats=5)
         except RuntimeError:
             return 0.0
-    return fp32 / bf16
+    return best["fp32"] / best["bf16"]
 
 
 @functools.cache
@@ -87,37 +95,65 @@ def bf16_training_speedup(rows: int = 512, features: int = 576, outputs: int = 1
 
     try:
         with torch.enable_grad():
-            fp32 = _best_seconds(lambda: step(False), calls=5)
-            bf16 = _best_seconds(lambda: step(True), calls=5)
+            best = _best_seconds_in_turns({autocast: lambda autocast=autocast: [step(autocast) for _ in range(5)]
+                                           for autocast in (False, True)}, repeats=5)
     except RuntimeError:
         return 0.0
-    return fp32 / bf16
+    return best[False] / best[True]
+
+
+def _decode_layer_shapes(features: int = 576, hidden: int = 1536, kv_width: int = 192) -> list[tuple[int, int]]:
+    """(outputs, inputs) of a Llama decoder layer's fused matmuls (q/k/v, output, gate/up, down);
+    the default model's by default."""
+    return [(features + 2 * kv_width, features), (features, features), (2 * hidden, features), (features, hidden)]
 
 
 @functools.cache
-def one_row_bf16_decode_speedup(layers: int = 24, features: int = 576, outputs: int = 1536) -> float:
-    """How many times faster a one-row decoding step's matmuls are on plain bf16 weights (PyTorch's
-    matrix-vector kernel, which widens them to fp32 as it reads them) than on packed fp32 ones,
-    here; 0 without oneDNN packing. Timed over ``layers`` weights (85 MB in fp32), more than a CPU
-    cache holds, because a one-row step is bound by reading its weights from memory (about 0.5 s)."""
+def narrow_decode_seconds(layers: int = 16) -> dict[str, float]:
+    """Seconds per decode kernel (:data:`~posttrain.models.decode_kernels.KERNELS`) for the one-row
+    matmuls of ``layers`` decoder layers of the default model's shapes (113 MB of float32 weights:
+    more than a CPU cache holds, as the model's 540 MB are). One row is bound by reading the
+    weights, and the fastest kernel differs by machine. Over the default model's 121 matmuls: on a
+    Zen 3 EPYC, packed fp32 30-36 ms, MKL on plain fp32 41-46, plain bf16 24-27; on an Intel Xeon
+    with AMX, MKL on plain fp32 36 ms, packed fp32 49, packed bf16 40, plain bf16 43. The kernels
+    are timed in turns, best of 3 (0.85 s in all on the Intel Xeon); {} without oneDNN packing."""
     if not packing_available():
-        return 0.0
+        return {}
     with torch.no_grad():
-        weights = [torch.rand(outputs, features) - 0.5 for _ in range(layers)]
-        packed = [_pack(w, 1) for w in weights]
-        halves = [w.bfloat16() for w in weights]
-        del weights
-        x = torch.randn(1, features)
-        fp32 = _best_seconds(lambda: [_packed_linear(p, None, x) for p in packed], repeats=3, calls=2)
-        bf16 = _best_seconds(lambda: [F.linear(x.bfloat16(), h).float() for h in halves], repeats=3, calls=2)
-    return fp32 / bf16
+        weights = [torch.empty(shape).uniform_(-0.05, 0.05) for _ in range(layers) for shape in _decode_layer_shapes()]
+        inputs = {w.shape[1]: torch.randn(1, w.shape[1]) for w in weights}
+        runs = {}
+        for name, kernel in KERNELS.items():
+            try:
+                pairs = [(kernel.prepare(w, 1), inputs[w.shape[1]]) for w in weights]
+                kernel.linear(pairs[0][0], None, pairs[0][1])
+            except RuntimeError:  # this CPU cannot run it (oneDNN packs bf16 only with bf16 units)
+                continue
+            runs[name] = lambda f=kernel.linear, pairs=pairs: [f(w, None, x) for w, x in pairs]
+        return _best_seconds_in_turns(runs)
+
+
+def narrow_decode_kernel(bf16: bool) -> str:
+    """The fastest kernel for decode steps of one or two rows here (:func:`narrow_decode_seconds`):
+    among the float32 ones, and the bf16 ones too when ``bf16`` (``rollout.decode_dtype: bfloat16``)."""
+    seconds = {k: s for k, s in narrow_decode_seconds().items() if bf16 or k in FP32_KERNELS}
+    return min(seconds, key=seconds.__getitem__) if seconds else "packed fp32"
+
+
+def narrow_bf16_decode_speedup() -> float:
+    """How many times faster one-row decoding matmuls are on the fastest kernel when bf16 may be
+    used than on the fastest float32 one here; 0 without oneDNN packing."""
+    seconds = narrow_decode_seconds()
+    if not seconds:
+        return 0.0
+    return seconds[narrow_decode_kernel(False)] / seconds[narrow_decode_kernel(True)]
 
 
 def bf16_decoding_speedup() -> float:
     """What ``rollout.decode_dtype: bfloat16`` buys here, as :mod:`posttrain.rollout.fast_decode` uses
     it: at every step where the CPU has bf16 units (:func:`bf16_decode_speedup`), otherwise only at
-    narrow steps of one or two rows (:func:`one_row_bf16_decode_speedup`)."""
-    return bf16_decode_speedup() if has_bf16_units() else one_row_bf16_decode_speedup()
+    narrow steps of one or two rows (:func:`narrow_bf16_decode_speedup`)."""
+    return bf16_decode_speedup() if has_bf16_units() else narrow_bf16_decode_speedup()
 
 
 # The oneDNN training path is taken only with a clear margin: on an AMD EPYC (Zen 3, AVX2 only) single

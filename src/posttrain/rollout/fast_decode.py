@@ -17,16 +17,20 @@ relies on when it reuses them as the old policy's. In bfloat16 (``rollout.decode
 matmuls take bf16 weights and inputs (everything else stays float32, but for the SiLU-gated
 product that is the down projection's bf16 input), at the price of
 log-probabilities that differ from the trainer's, which the trainer then treats as another
-engine's (``HFBackend.same_logprobs_as_trainer``). On a CPU with bf16 units every step runs on
-packed bf16 weights: 1.4-1.75x faster decoding. On one without them a bf16 matmul is emulated
-and slower than float32's, except where a step is bound by reading the weights: at one or two
-rows PyTorch's matrix-vector kernel widens bf16 weights to float32 as it streams them, reading
-half the bytes (measured on a Zen 3 EPYC, the default model's matmuls at one row: 24 ms instead of
-44-57 ms on packed float32; at two rows 40 instead of 60; at three, level). There, steps of at
-most :data:`NARROW_ROWS` rows use plain bf16 weights and wider ones packed float32 weights, each
-copy made the first time a step needs it. Models this module does not recognise (other
-architectures, biases in the MLP or the output projection, sliding windows, a non-SiLU
-activation) use the generic path.
+engine's (``HFBackend.same_logprobs_as_trainer``).
+
+Which matmul kernel (:mod:`posttrain.models.decode_kernels`) serves a step depends on its width
+and on the CPU. Steps of more than :data:`NARROW_ROWS` rows run on packed weights: bf16 ones when
+decoding in bf16 on a CPU with bf16 units (1.4-1.75x faster decoding), float32 ones otherwise
+(without bf16 units a bf16 matmul is emulated, slower than float32's). A narrower step is bound by
+reading the weights, and takes the kernel measured fastest at one row on this CPU
+(:func:`~posttrain.models.cpu_probe.narrow_decode_kernel`), a bf16 one only when decoding in bf16:
+on a Zen 3 EPYC, plain bf16 weights, which PyTorch's matrix-vector kernel widens as it reads half
+the bytes (the default model's matmuls at one row: 24 ms instead of 30-36 ms on packed float32);
+on an Intel Xeon with AMX, MKL's on plain float32 weights (36 ms instead of 49 ms packed, 40 ms
+packed bf16). Each copy of the weights is made the first time a step needs it. Models this
+module does not recognise (other architectures, biases in the MLP or the output projection,
+sliding windows, a non-SiLU activation) use the generic path.
 """
 
 from __future__ import annotations
@@ -38,11 +42,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posttrain.models.cpu_probe import has_bf16_units
-from posttrain.models.packed_linear import _mergeable_lora, _pack, _packed_linear, packing_available
+from posttrain.models.cpu_probe import has_bf16_units, narrow_decode_kernel
+from posttrain.models.decode_kernels import KERNELS, Kernel
+from posttrain.models.packed_linear import _mergeable_lora, packing_available
 
 SUPPORTED_TYPES = {"llama", "qwen2", "mistral"}
-NARROW_ROWS = 2  # on CPUs without bf16 units, bf16 decoding pays only at this many rows or fewer
+NARROW_ROWS = 2  # steps of at most this many rows are bound by reading the weights
 
 
 def effective_weight(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -128,14 +133,6 @@ class Matmuls:
     linear: Linear
 
 
-def _packed_bf16(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    return _packed_linear(weight, bias, x.to(torch.bfloat16))
-
-
-def _plain_bf16(weight: torch.Tensor, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    return F.linear(x.to(torch.bfloat16), weight, bias)
-
-
 class DecodeWeights:
     """The model's weights prepared for decoding in ``dtype``, built once per ``generate`` call
     (``rows``: the rows of its first step, whose copy is made at once; see the module docstring
@@ -152,38 +149,36 @@ class DecodeWeights:
         self.embed = decoder.embed_tokens.weight
         self.rotary = decoder.rotary_emb
         self.final_norm = decoder.norm.weight
-        # bf16 without bf16 units: only narrow steps take bf16 weights (module docstring).
-        self.narrow_only_bf16 = dtype == torch.bfloat16 and not has_bf16_units()
         self._copies: dict[str, Matmuls] = {}
         self.matmuls(rows)  # raises ValueError now, not mid-generation, for a layer we do not know
 
+    def kernel(self, rows: int) -> str:
+        """The name of the kernel a step of ``rows`` rows runs on (module docstring)."""
+        bf16 = self.dtype == torch.bfloat16
+        if rows <= NARROW_ROWS:
+            return narrow_decode_kernel(bf16)
+        return "packed bf16" if bf16 and has_bf16_units() else "packed fp32"
+
     def matmuls(self, rows: int) -> Matmuls:
         """The weights and kernel for a step of ``rows`` rows."""
-        if self.dtype == torch.float32 or (self.narrow_only_bf16 and rows > NARROW_ROWS):
-            kind = "packed fp32"
-        else:
-            kind = "plain bf16" if self.narrow_only_bf16 else "packed bf16"
-        if kind not in self._copies:
-            self._copies[kind] = self._build(kind, rows)
-        return self._copies[kind]
+        return self.copy(self.kernel(rows), rows)
+
+    def copy(self, kernel: str, rows: int) -> Matmuls:
+        """The weights in the layout and precision of ``kernel`` (packed for ``rows`` rows), made once."""
+        if kernel not in self._copies:
+            self._copies[kernel] = self._build(KERNELS[kernel], rows)
+        return self._copies[kernel]
 
     @torch.no_grad()
-    def _build(self, kind: str, rows: int) -> Matmuls:
-        if kind == "plain bf16":
-            def prepare(weight: torch.Tensor) -> torch.Tensor:
-                return weight.to(torch.bfloat16).contiguous()
-        else:
-            dtype = torch.float32 if kind == "packed fp32" else torch.bfloat16
+    def _build(self, kernel: Kernel, rows: int) -> Matmuls:
+        def prepare(weight: torch.Tensor) -> torch.Tensor:
+            return kernel.prepare(weight, rows)
 
-            def prepare(weight: torch.Tensor) -> torch.Tensor:
-                return _pack(weight.to(dtype), rows)
-        bias_dtype = torch.float32 if kind == "packed fp32" else torch.bfloat16
-        linear = {"packed fp32": _packed_linear, "packed bf16": _packed_bf16, "plain bf16": _plain_bf16}[kind]
         head = effective_weight(self.model.get_output_embeddings())
         if head is None:
             raise ValueError("the output embedding is not a linear layer")
-        layers = [self._layer(layer, prepare, bias_dtype) for layer in self.model.get_decoder().layers]
-        return Matmuls(layers, prepare(head[0]), _cast(head[1], bias_dtype), linear)
+        layers = [self._layer(layer, prepare, kernel.dtype) for layer in self.model.get_decoder().layers]
+        return Matmuls(layers, prepare(head[0]), _cast(head[1], kernel.dtype), kernel.linear)
 
     @staticmethod
     def _layer(layer: nn.Module, prepare: Callable[[torch.Tensor], torch.Tensor], bias_dtype: torch.dtype) -> _Layer:
@@ -250,17 +245,19 @@ class StaticCache:
 
 @torch.no_grad()
 def decode_step(w: DecodeWeights, cache: StaticCache, tokens: torch.Tensor, cos: torch.Tensor,
-                signed_sin: torch.Tensor) -> torch.Tensor:
+                signed_sin: torch.Tensor, matmuls: Matmuls | None = None) -> torch.Tensor:
     """Logits ``[rows, vocab]`` (float32, or bf16 from bf16 weights) for one new token per row;
     appends its keys and values to ``cache``.
 
     ``cos``/``signed_sin`` are ``[rows, head_dim]``: the rotary tables at each row's position.
+    ``matmuls``: the copy of the weights to run on (:meth:`DecodeWeights.copy`); by default the one
+    chosen for this many rows.
     """
     rows, col = tokens.shape[0], cache.length
     heads, kv_heads, dim = w.heads, w.kv_heads, w.head_dim
     cos, signed_sin = cos.unsqueeze(1), signed_sin.unsqueeze(1)  # broadcast over heads
     bias = cache.bias[:, :, :, : col + 1]
-    m = w.matmuls(rows)
+    m = matmuls or w.matmuls(rows)
     x = w.embed[tokens]
     for i, layer in enumerate(m.layers):
         h = rms_norm(x, layer.norm1, w.eps)
