@@ -16,7 +16,7 @@ demo: setup
 	$(VENV)/bin/posttrain train examples/arithmetic_grpo.yaml --overwrite
 
 test: setup
-	$(VENV)/bin/python -m pytest -q -ra
+	$(VENV)/bin/python -m pytest -q -ra --durations=20
 
 # Every training claim of the README on seeds 0, 1 and 2: claimed vs measured. Several hours on 2 cores;
 # `python benchmarks/reproduce.py --claims demo` alone takes about 13 min.
