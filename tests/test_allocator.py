@@ -12,20 +12,23 @@ CHILD = r"""
 import resource, sys, torch
 from posttrain.models.allocator import keep_freed_memory
 assert keep_freed_memory() == (sys.argv[1] == "keep")
-def faults_of_last_round():
-    for round in range(4):  # the first rounds lay out the heap
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def faults_after_the_first_rounds():
+    for round in range(int(sys.argv[2])):
+        if round == 2:  # the first rounds lay out the heap
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for _ in range(5):  # a step's worth of 16 MB temporaries, allocated and freed
             x = torch.ones(4 << 20); y = x * 2; del x, y
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-print(faults_of_last_round())
+print(faults_after_the_first_rounds())
 """
-PAGES = 5 * 2 * (16 << 20) // resource.getpagesize()  # what faulting every temporary in again costs
+ROUNDS = 10
+# What faulting every temporary in again costs over the measured rounds.
+PAGES = (ROUNDS - 2) * 5 * 2 * (16 << 20) // resource.getpagesize()
 
 
 def _faults(mode: str, **malloc_env: str) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | malloc_env
-    out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, check=True, env=env)
+    out = subprocess.run([sys.executable, "-c", CHILD, mode, str(ROUNDS)], capture_output=True, text=True, check=True, env=env)
     return int(out.stdout.split()[-1])
 
 
@@ -34,7 +37,8 @@ glibc = pytest.mark.skipif(sys.platform != "linux" or ctypes.util.find_library("
 
 @glibc
 def test_freed_tensors_are_reused_without_page_faults():
-    assert _faults("keep") < PAGES // 20  # the last round reuses the earlier rounds' memory
+    # The heap is reused; it may still grow now and then, as free blocks split differently each round.
+    assert _faults("keep") < PAGES // 10
 
 
 @glibc
