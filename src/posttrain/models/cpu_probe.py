@@ -102,10 +102,8 @@ def bf16_training_speedup(rows: int = 512, features: int = 576, outputs: int = 1
     return best[False] / best[True]
 
 
-def _decode_layer_shapes(features: int = 576, hidden: int = 1536, kv_width: int = 192) -> list[tuple[int, int]]:
-    """(outputs, inputs) of a Llama decoder layer's fused matmuls (q/k/v, output, gate/up, down);
-    the default model's by default."""
-    return [(features + 2 * kv_width, features), (features, features), (2 * hidden, features), (features, hidden)]
+# (outputs, inputs) of the default model's fused decoder-layer matmuls: q/k/v, output, gate/up, down.
+_DECODE_LAYER_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 
 
 @functools.cache
@@ -120,7 +118,7 @@ def narrow_decode_seconds(layers: int = 16) -> dict[str, float]:
     if not packing_available():
         return {}
     with torch.no_grad():
-        weights = [torch.empty(shape).uniform_(-0.05, 0.05) for _ in range(layers) for shape in _decode_layer_shapes()]
+        weights = [torch.empty(shape).uniform_(-0.05, 0.05) for _ in range(layers) for shape in _DECODE_LAYER_SHAPES]
         inputs = {w.shape[1]: torch.randn(1, w.shape[1]) for w in weights}
         runs = {}
         for name, kernel in KERNELS.items():
@@ -133,6 +131,7 @@ def narrow_decode_seconds(layers: int = 16) -> dict[str, float]:
         return _best_seconds_in_turns(runs)
 
 
+@functools.cache  # asked at every narrow decode step
 def narrow_decode_kernel(bf16: bool) -> str:
     """The fastest kernel for decode steps of one or two rows here (:func:`narrow_decode_seconds`):
     among the float32 ones, and the bf16 ones too when ``bf16`` (``rollout.decode_dtype: bfloat16``)."""

@@ -19,6 +19,9 @@ import torch.nn.functional as F
 from posttrain.models.packed_linear import _pack, _packed_linear
 
 
+Linear = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor]
+
+
 @dataclass(frozen=True)
 class Kernel:
     """``prepare(weight, rows)`` makes the copy the kernel reads (``rows``: the batch it is packed
@@ -26,7 +29,7 @@ class Kernel:
     the float32 operation that consumes it to promote); ``dtype`` is the copy's and the bias's."""
 
     prepare: Callable[[torch.Tensor, int], torch.Tensor]
-    linear: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor]
+    linear: Linear
     dtype: torch.dtype
 
 

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posttrain.models.cpu_probe import has_bf16_units, narrow_decode_kernel
-from posttrain.models.decode_kernels import KERNELS, Kernel
+from posttrain.models.decode_kernels import KERNELS, Kernel, Linear
 from posttrain.models.packed_linear import _mergeable_lora, packing_available
 
 SUPPORTED_TYPES = {"llama", "qwen2", "mistral"}
@@ -114,9 +114,6 @@ class _Layer:
     norm2: torch.Tensor
     gate_up: torch.Tensor  # [gate; up] weight
     down: torch.Tensor
-
-
-Linear = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor]
 
 
 @dataclass
