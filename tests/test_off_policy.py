@@ -87,3 +87,28 @@ def test_bf16_rollouts_train_with_the_gap_measured_in_the_training_pass(tmp_path
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     step = [r for r in rows if r["split"] == "train"][0]
     assert 0 < step["logprob_mismatch"] < 0.1 and 0 < step["tis_weight_mean"] <= 2.0
+
+
+@pytest.mark.parametrize("minibatch", [0, 2])
+def test_a_training_pass_under_autocast_does_not_take_float32_samples_logprobs_as_its_own(tmp_path, minibatch):
+    """float32 decoding, bf16-autocast training: the sampler's log-probs are not the training pass's,
+    so they are another engine's (gap logged, TIS) rather than the old policy's; when the batch serves
+    two optimiser steps, the old log-probs come from a pass of the trainer's own."""
+    import json
+
+    from posttrain.config import load_config
+    from posttrain.train import Trainer
+
+    cfg = load_config(None, ["model.name=tiny-random", "env.id=user_envs:Capitals", "algorithm.group_size=4",
+                             "train.tasks_per_step=1", "train.steps=1", "rollout.max_new_tokens=8",
+                             "eval.num_tasks=1", "eval.max_new_tokens=8", "eval.before_training=false",
+                             "algorithm.beta=0", "algorithm.tis_cap=2.0", f"train.minibatch_size={minibatch}",
+                             "model.autocast=bfloat16", "rollout.decode_dtype=float32",
+                             "reward.components=[{name: 'user_rewards:answer_length_bonus'}]",
+                             f"output_dir={tmp_path / 'run'}"])
+    trainer = Trainer(cfg)
+    assert trainer.ctx.backend.same_logprobs_as_trainer  # the sampler is the trainer's model in float32
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    step = [r for r in rows if r["split"] == "train"][0]
+    assert 0 < step["logprob_mismatch"] < 0.5 and 0 < step["tis_weight_mean"] <= 2.0

@@ -169,8 +169,10 @@ class Trainer:
             if trajectories:
                 batch = self.batch(trajectories)
                 sampled = self.behaviour_logprobs(batch, trajectories)
-                # The trainer's own log-probs unless another engine (vLLM) or an older policy (async) sampled.
-                own = self.ctx.backend.same_logprobs_as_trainer and self.async_sampler is None
+                # The trainer's own log-probs unless another engine (vLLM), other kernels (bf16 decoding
+                # or a training pass under model.autocast) or an older policy (async) sampled.
+                own = (self.ctx.backend.same_logprobs_as_trainer and self.policy.autocast_dtype is None
+                       and self.async_sampler is None)
                 metrics.update(self.algorithm.prepare(batch, rewards, self.scored.step_rewards, self,
                                                       sampled if own else None, None if own else sampled,
                                                       dense=self.scored.dense))
