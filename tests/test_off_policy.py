@@ -61,12 +61,27 @@ def test_weights_leave_the_kl_term_alone():
     assert torch.equal(plain, weighted) and float(plain) > 0
 
 
-def test_bf16_rollouts_train_with_the_gap_measured_in_the_training_pass(tmp_path):
-    import json
-
+def one_step_run(tmp_path, *overrides: str):
+    """A Trainer for one GRPO step (beta 0, TIS cap 2) on tiny-random, rewards differing row by row."""
     from posttrain.config import load_config
     from posttrain.train import Trainer
 
+    return Trainer(load_config(None, [
+        "model.name=tiny-random", "env.id=user_envs:Capitals", "train.tasks_per_step=1", "train.steps=1",
+        "rollout.max_new_tokens=8", "eval.num_tasks=1", "eval.max_new_tokens=8", "eval.before_training=false",
+        "algorithm.beta=0", "algorithm.tis_cap=2.0",
+        "reward.components=[{name: 'user_rewards:answer_length_bonus'}]",  # differs row by row
+        f"output_dir={tmp_path / 'run'}", *overrides]))
+
+
+def first_train_row(tmp_path) -> dict:
+    import json
+
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["split"] == "train"][0]
+
+
+def test_bf16_rollouts_train_with_the_gap_measured_in_the_training_pass(tmp_path):
     from posttrain.models.cpu_probe import has_bf16_units, narrow_decode_kernel
     from posttrain.models.decode_kernels import FP32_KERNELS
 
@@ -75,17 +90,10 @@ def test_bf16_rollouts_train_with_the_gap_measured_in_the_training_pass(tmp_path
     group = 4 if has_bf16_units() else 2
     if group == 2 and narrow_decode_kernel(True) in FP32_KERNELS:
         pytest.skip("no bf16 kernel is the fastest for any step on this CPU")
-    cfg = load_config(None, ["model.name=tiny-random", "env.id=user_envs:Capitals", f"algorithm.group_size={group}",
-                             "train.tasks_per_step=1", "train.steps=1", "rollout.max_new_tokens=8",
-                             "eval.num_tasks=1", "eval.max_new_tokens=8", "eval.before_training=false",
-                             "algorithm.beta=0", "algorithm.tis_cap=2.0", "rollout.decode_dtype=bfloat16",
-                             "reward.components=[{name: 'user_rewards:answer_length_bonus'}]",  # differs row by row
-                             f"output_dir={tmp_path / 'run'}"])
-    trainer = Trainer(cfg)
+    trainer = one_step_run(tmp_path, f"algorithm.group_size={group}", "rollout.decode_dtype=bfloat16")
     assert not trainer.ctx.backend.same_logprobs_as_trainer
     trainer.train()
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    step = [r for r in rows if r["split"] == "train"][0]
+    step = first_train_row(tmp_path)
     assert 0 < step["logprob_mismatch"] < 0.1 and 0 < step["tis_weight_mean"] <= 2.0
 
 
@@ -94,21 +102,9 @@ def test_a_training_pass_under_autocast_does_not_take_float32_samples_logprobs_a
     """float32 decoding, bf16-autocast training: the sampler's log-probs are not the training pass's,
     so they are another engine's (gap logged, TIS) rather than the old policy's; when the batch serves
     two optimiser steps, the old log-probs come from a pass of the trainer's own."""
-    import json
-
-    from posttrain.config import load_config
-    from posttrain.train import Trainer
-
-    cfg = load_config(None, ["model.name=tiny-random", "env.id=user_envs:Capitals", "algorithm.group_size=4",
-                             "train.tasks_per_step=1", "train.steps=1", "rollout.max_new_tokens=8",
-                             "eval.num_tasks=1", "eval.max_new_tokens=8", "eval.before_training=false",
-                             "algorithm.beta=0", "algorithm.tis_cap=2.0", f"train.minibatch_size={minibatch}",
-                             "model.autocast=bfloat16", "rollout.decode_dtype=float32",
-                             "reward.components=[{name: 'user_rewards:answer_length_bonus'}]",
-                             f"output_dir={tmp_path / 'run'}"])
-    trainer = Trainer(cfg)
+    trainer = one_step_run(tmp_path, "algorithm.group_size=4", f"train.minibatch_size={minibatch}",
+                           "model.autocast=bfloat16", "rollout.decode_dtype=float32")
     assert trainer.ctx.backend.same_logprobs_as_trainer  # the sampler is the trainer's model in float32
     trainer.train()
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    step = [r for r in rows if r["split"] == "train"][0]
+    step = first_train_row(tmp_path)
     assert 0 < step["logprob_mismatch"] < 0.5 and 0 < step["tis_weight_mean"] <= 2.0
