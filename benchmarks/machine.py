@@ -13,6 +13,7 @@ from pathlib import Path
 from posttrain.models.cpu_probe import (ONEDNN_TRAINING_THRESHOLD, bf16_decode_speedup, bf16_training_speedup, cpu_flags,
                                         has_bf16_units, narrow_bf16_decode_speedup, narrow_decode_kernel,
                                         onednn_training_speedup)
+from posttrain.models.probe_cache import probe_file
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
@@ -33,7 +34,7 @@ def cpu_model_and_flags() -> tuple[str, list[str]]:
 
 def describe() -> str:
     """One line: CPU model, cores, vector/matrix flags, measured speed-ups of the dtype and kernel
-    choices, torch version, load now."""
+    choices, torch version, load now, and the file those measurements are kept in."""
     import torch
 
     model, flags = cpu_model_and_flags()
@@ -41,7 +42,8 @@ def describe() -> str:
     return (f"machine: {model}, {os.cpu_count()} cores, flags {' '.join(flags) or 'none of ' + '/'.join(FLAGS)}; "
             f"{bf16_line()}; fp32 training matmuls on oneDNN vs PyTorch's "
             f"{onednn_training_speedup():.2f}x (used from {ONEDNN_TRAINING_THRESHOLD}x); "
-            f"torch {torch.__version__}; load average {load:.1f}")
+            f"torch {torch.__version__}; load average {load:.1f}; "
+            f"the choices' measurements, taken once on this machine, are kept in {probe_file()}")
 
 
 def bf16_line() -> str:

@@ -7,7 +7,8 @@ of one or two rows is another matter: it is bound by reading the weights, and th
 kernel was plain bf16 weights on a Zen 3 EPYC (half the bytes, 1.6-2.1x; of the float32 ones,
 oneDNN's packed), and MKL's matrix-vector kernel on plain float32 weights on an Intel Xeon with
 AMX, whose packed kernels, bf16 included, were slower at one row. So the fast paths are chosen by
-measuring, once per process: the packed linear layer at the decoding shape of the default model
+measuring, once per machine (kept in a file, so that every run and its resumption choose alike:
+:mod:`posttrain.models.probe_cache`): the packed linear layer at the decoding shape of the default model
 (16 rows, 576 -> 1536) in both dtypes (about 50 ms); every decode kernel at one row, over more
 weights than a cache holds (under 1 s, the first time a narrow step needs it). Kernels for
 training are chosen the same way: the training pass's float32 matmuls run on oneDNN where it
@@ -27,6 +28,7 @@ import torch
 
 from posttrain.models.decode_kernels import FP32_KERNELS, KERNELS
 from posttrain.models.packed_linear import _pack, _packed_linear, packing_available
+from posttrain.models.probe_cache import stored_per_machine
 
 
 @functools.cache
@@ -60,12 +62,14 @@ def _best_seconds_in_turns(runs: dict[object, Callable[[], object]], repeats: in
     return best
 
 
-@functools.cache
-def bf16_decode_speedup(rows: int = 16, features: int = 576, outputs: int = 1536) -> float:
-    """How many times faster a packed bf16 linear layer is than fp32 here, at a decoding shape;
-    0 when bf16 cannot be used (no bf16 units, or no oneDNN packing in this torch)."""
+@stored_per_machine
+def bf16_decode_speedup() -> float:
+    """How many times faster a packed bf16 linear layer is than fp32 here, at a decoding shape of the
+    default model (16 rows, 576 -> 1536); 0 when bf16 cannot be used (no bf16 units, or no oneDNN
+    packing in this torch)."""
     if not has_bf16_units() or not packing_available():
         return 0.0
+    rows, features, outputs = 16, 576, 1536
     with torch.no_grad():
         weight, x = torch.randn(outputs, features), torch.randn(rows, features)
         try:
@@ -106,10 +110,10 @@ def bf16_training_speedup(rows: int = 512, features: int = 576, outputs: int = 1
 _DECODE_LAYER_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 
 
-@functools.cache
-def narrow_decode_seconds(layers: int = 16) -> dict[str, float]:
+@stored_per_machine
+def narrow_decode_seconds() -> dict[str, float]:
     """Seconds per decode kernel (:data:`~posttrain.models.decode_kernels.KERNELS`) for the one-row
-    matmuls of ``layers`` decoder layers of the default model's shapes (113 MB of float32 weights:
+    matmuls of 16 decoder layers of the default model's shapes (113 MB of float32 weights:
     more than a CPU cache holds, as the model's 540 MB are). One row is bound by reading the
     weights, and the fastest kernel differs by machine. Over the default model's 121 matmuls: on a
     Zen 3 EPYC, packed fp32 30-36 ms, MKL on plain fp32 41-46, plain bf16 24-27; on an Intel Xeon
@@ -118,7 +122,7 @@ def narrow_decode_seconds(layers: int = 16) -> dict[str, float]:
     if not packing_available():
         return {}
     with torch.no_grad():
-        weights = [torch.empty(shape).uniform_(-0.05, 0.05) for _ in range(layers) for shape in _DECODE_LAYER_SHAPES]
+        weights = [torch.empty(shape).uniform_(-0.05, 0.05) for _ in range(16) for shape in _DECODE_LAYER_SHAPES]
         inputs = {w.shape[1]: torch.randn(1, w.shape[1]) for w in weights}
         runs = {}
         for name, kernel in KERNELS.items():
@@ -135,7 +139,7 @@ def narrow_decode_seconds(layers: int = 16) -> dict[str, float]:
 def narrow_decode_kernel(bf16: bool) -> str:
     """The fastest kernel for decode steps of one or two rows here (:func:`narrow_decode_seconds`):
     among the float32 ones, and the bf16 ones too when ``bf16`` (``rollout.decode_dtype: bfloat16``)."""
-    seconds = {k: s for k, s in narrow_decode_seconds().items() if bf16 or k in FP32_KERNELS}
+    seconds = {k: s for k, s in narrow_decode_seconds().items() if k in KERNELS and (bf16 or k in FP32_KERNELS)}
     return min(seconds, key=seconds.__getitem__) if seconds else "packed fp32"
 
 
@@ -161,17 +165,18 @@ def bf16_decoding_speedup() -> float:
 ONEDNN_TRAINING_THRESHOLD = 1.25
 
 
-@functools.cache
-def onednn_training_speedup(rows: int = 256, features: int = 576, hidden: int = 1536) -> float:
+@stored_per_machine
+def onednn_training_speedup() -> float:
     """How many times faster float32 linear layers' forward and backward run on oneDNN
     (:class:`~posttrain.models.onednn_linear.OneDNNLinear`) than through PyTorch's own matmuls
-    here, at the training shapes of an MLP block (``features -> hidden -> features``); 0 when this
-    torch has no oneDNN linear op. The two paths are timed in turns and the median ratio taken, so
-    that a burst of load on a shared machine does not decide for the whole run."""
+    here, at the training shapes of the default model's MLP block (256 rows, 576 -> 1536 -> 576); 0
+    when this torch has no oneDNN linear op. The two paths are timed in turns and the median ratio
+    taken, so that a burst of load on a shared machine does not decide for the machine."""
     from posttrain.models.onednn_linear import OneDNNLinear
 
     if not packing_available():
         return 0.0
+    rows, features, hidden = 256, 576, 1536
     up, down = torch.randn(hidden, features, requires_grad=True), torch.randn(features, hidden, requires_grad=True)
     x = torch.randn(rows, features, requires_grad=True)
 

@@ -1,0 +1,96 @@
+"""CPU measurements taken once per machine and kept in a file, so that every process agrees.
+
+The fast paths of :mod:`posttrain.models.cpu_probe` are chosen by timing kernels, and on some CPUs two
+kernels are close: the oneDNN training probe read 1.05x to 1.33x across processes on a Zen 4 AMD
+EPYC, around its 1.25x threshold. Measured anew in each process, the choice then flipped between a
+run and its resumed continuation, whose float sums differed in the last bits, so a resumed run did
+not repeat the uninterrupted one; two runs of one config and seed differed the same way. The first
+process on a machine measures and writes the file; every later one reads it (a lock keeps two
+first processes from measuring at once). Delete the file to measure again.
+
+The file is keyed by what the timings depend on: the CPU (model and flags), torch's version and the
+number of threads torch runs matmuls on; each value by its function's name and source, so that a
+changed measurement is taken again. It lives in ``$POSTTRAIN_CACHE_DIR``, else
+``$XDG_CACHE_HOME/posttrain``, else ``~/.cache/posttrain``; where that cannot be written, each process
+measures for itself.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import inspect
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def _cpu_identity() -> list[str]:
+    """vendor, family, model, model name and flags of the first CPU in /proc/cpuinfo (empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return [fields.get(k, "") for k in ("vendor_id", "cpu family", "model", "model name", "flags")]
+
+
+def probe_file() -> Path:
+    """Where this machine's measurements are kept (see the module docstring)."""
+    root = os.environ.get("POSTTRAIN_CACHE_DIR")
+    if not root:
+        root = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "posttrain")
+    key = json.dumps([_cpu_identity(), torch.__version__, torch.get_num_threads()])
+    return Path(root) / f"cpu-probe-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):  # not written yet, or cut short: measure again
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def stored_per_machine(measure: Callable[[], T]) -> Callable[[], T]:
+    """``measure()`` taken once per machine (see the module docstring) and once per process."""
+
+    try:
+        source = inspect.getsource(measure)
+    except OSError:  # no source shipped: the name alone
+        source = ""
+    key = f"{measure.__name__} {hashlib.sha256(source.encode()).hexdigest()[:12]}"
+
+    @functools.cache
+    @functools.wraps(measure)
+    def stored() -> T:
+        path = probe_file()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(path.with_suffix(".lock"), "w")
+        except OSError:  # a read-only home: this process measures for itself
+            return measure()
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = _read(path)
+            if key not in data:
+                data[key] = measure()
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                try:
+                    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+                    tmp.replace(path)  # readers never see half a file
+                except OSError:  # a full disk: measured, not kept
+                    tmp.unlink(missing_ok=True)
+            return data[key]
+
+    return stored

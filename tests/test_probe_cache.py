@@ -1,0 +1,50 @@
+"""The CPU measurements that choose kernels are taken once per machine, so every process chooses alike."""
+
+import json
+import os
+import subprocess
+import sys
+
+CHOICES = """
+import json
+from posttrain.models import cpu_probe
+print(json.dumps([cpu_probe.onednn_training_pays(), cpu_probe.narrow_decode_kernel(False),
+                  cpu_probe.narrow_decode_kernel(True)]))
+"""
+
+
+def choices(cache_dir) -> list:
+    env = {**os.environ, "POSTTRAIN_CACHE_DIR": str(cache_dir)}
+    proc = subprocess.run([sys.executable, "-c", CHOICES], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def test_the_first_process_measures_and_later_ones_choose_from_its_file(tmp_path):
+    first = choices(tmp_path)
+    [stored] = tmp_path.glob("cpu-probe-*.json")
+    data = json.loads(stored.read_text())
+    assert {key.split()[0] for key in data} == {"onednn_training_speedup", "narrow_decode_seconds"}
+    assert choices(tmp_path) == first
+
+    # The file decides, not a new measurement: make the slowest float32 kernel the fastest on record.
+    [narrow] = [key for key in data if key.startswith("narrow_decode_seconds")]
+    [training] = [key for key in data if key.startswith("onednn_training_speedup")]
+    slowest = max(["packed fp32", "plain fp32"], key=data[narrow].__getitem__)
+    data[narrow] = {name: (0.0 if name == slowest else 1.0) for name in data[narrow]}
+    data[training] = 0.0 if first[0] else 100.0
+    stored.write_text(json.dumps(data))
+    assert choices(tmp_path) == [not first[0], slowest, slowest]
+
+
+def test_a_damaged_file_is_measured_again_and_an_unwritable_place_measures_in_process(tmp_path):
+    choices(tmp_path)
+    [stored] = tmp_path.glob("cpu-probe-*.json")
+    stored.write_text('{"onednn_training_spe')  # cut short
+    choices(tmp_path)
+    assert {key.split()[0] for key in json.loads(stored.read_text())} == \
+        {"onednn_training_speedup", "narrow_decode_seconds"}
+
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # a directory cannot be made under a file
+    assert len(choices(blocked / "cache")) == 3
