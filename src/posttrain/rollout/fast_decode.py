@@ -222,7 +222,8 @@ class StaticCache:
 
     @staticmethod
     def _grow(t: torch.Tensor, capacity: int) -> torch.Tensor:
-        out = t.new_zeros(t.shape[0], t.shape[1], capacity, t.shape[3])
+        # float32 whatever the prefill's dtype: a bf16-autocast prefill's keys are widened here
+        out = t.new_zeros(t.shape[0], t.shape[1], capacity, t.shape[3], dtype=torch.float32)
         out[:, :, : t.shape[2]] = t
         return out
 
