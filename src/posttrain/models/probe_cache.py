@@ -74,11 +74,11 @@ def stored_per_machine(measure: Callable[[], T]) -> Callable[[], T]:
     @functools.cache
     @functools.wraps(measure)
     def stored() -> T:
-        path = probe_file()
         try:
+            path = probe_file()
             path.parent.mkdir(parents=True, exist_ok=True)
             lock = open(path.with_suffix(".lock"), "w")
-        except OSError:  # a read-only home: this process measures for itself
+        except (OSError, RuntimeError):  # a read-only or no home directory: this process measures for itself
             return measure()
         with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
