@@ -69,7 +69,8 @@ def main() -> None:
     for config in args.configs.split(","):
         parse_config(config)
         r = measure(config, args.repeats, args.seed)
-        table.add_row(config, f"{r['tokens']:.0f}", f"{r['updates']:.0f}", f"{r['cold']:.2f}", f"{r['warm']:.2f}", f"{r['cold'] - r['warm']:+.2f}")
+        table.add_row(config, f"{r['tokens']:.0f}", f"{r['updates']:.0f}", f"{r['cold']:.2f}", f"{r['warm']:.2f}",
+                      f"{r['cold'] - r['warm']:+.2f}")
     Console().print(table)
 
 

@@ -60,8 +60,8 @@ class ModelSection(_Section):
     pack_weights: bool = Field(
         True, description="On CPU, no-grad passes on linear weights packed for oneDNN: generation (2-3x faster "
         "decoding), and the frozen reference model or LoRA base layers (packed once); training passes run their "
-        "float32 matmuls on oneDNN where a measurement taken once per machine finds it faster than PyTorch's (AMD CPUs: 2x). "
-        "false uses the plain weights and PyTorch's matmuls; ignored on CUDA."
+        "float32 matmuls on oneDNN where a measurement taken once per machine finds it faster than PyTorch's "
+        "(AMD CPUs: 2x). false uses the plain weights and PyTorch's matmuls; ignored on CUDA."
     )
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA adapter settings.")
     gradient_checkpointing: bool = Field(
@@ -291,8 +291,8 @@ class RolloutSection(_Section):
         "wider steps stay float32. Steps of one or two rows (e.g. batch-1 evaluation) take the kernel measured "
         "fastest at one row, a bf16 one only in bfloat16 (without bf16 units: 1.7-2x faster matmuls; on an "
         "Intel Xeon with AMX: float32 ones). Its log-probs are not the trainer's, so the trainer measures the gap and "
-        "applies algorithm.tis_cap; auto picks bfloat16 where a measurement taken once per machine finds it at least 1.2x "
-        "faster, else float32.")
+        "applies algorithm.tis_cap; auto picks bfloat16 where a measurement taken once per machine finds it "
+        "at least 1.2x faster, else float32.")
     max_turns: int = Field(1, gt=0, description="Most agent turns per episode (1: single-turn).")
     max_context_tokens: int = Field(
         4096, gt=0, description="An episode whose next turn would not fit in this many tokens ends as truncated."
