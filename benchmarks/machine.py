@@ -8,25 +8,20 @@ from __future__ import annotations
 
 import os
 import platform
-from pathlib import Path
 
 from posttrain.models.cpu_probe import (ONEDNN_TRAINING_THRESHOLD, bf16_decode_speedup, bf16_training_speedup, cpu_flags,
                                         has_bf16_units, narrow_bf16_decode_speedup, narrow_decode_kernel,
                                         onednn_training_speedup)
-from posttrain.models.probe_cache import probe_file
+from posttrain.models.probe_cache import cpuinfo, probe_file
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
 def cpu_model_and_flags() -> tuple[str, list[str]]:
     """The CPU's model name and which of FLAGS it has (from /proc/cpuinfo; platform data elsewhere)."""
-    info = Path("/proc/cpuinfo")
     model = platform.processor() or platform.machine()
-    if info.is_file():
-        fields: dict[str, str] = {}
-        for line in info.read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
+    fields = cpuinfo()
+    if fields:
         # Machines of one name differ by generation (an "AMD EPYC" was Zen 4 in one VM, Zen 5 in another).
         model = f"{fields.get('model name', model)} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
     return model, [f for f in FLAGS if f in cpu_flags()]

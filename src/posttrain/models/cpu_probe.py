@@ -22,25 +22,18 @@ import functools
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from posttrain.models.decode_kernels import FP32_KERNELS, KERNELS
 from posttrain.models.packed_linear import _pack, _packed_linear, packing_available
-from posttrain.models.probe_cache import stored_per_machine
+from posttrain.models.probe_cache import cpuinfo, stored_per_machine
 
 
 @functools.cache
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags (/proc/cpuinfo on Linux; empty elsewhere), read once per process."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    return frozenset(cpuinfo().get("flags", "").split())
 
 
 def has_bf16_units() -> bool:

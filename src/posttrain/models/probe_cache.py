@@ -32,17 +32,19 @@ import torch
 T = TypeVar("T")
 
 
-def _cpu_identity() -> list[str]:
-    """vendor, family, model, model name and flags of the first CPU in /proc/cpuinfo (empty elsewhere)."""
+@functools.cache
+def cpuinfo() -> dict[str, str]:
+    """The first CPU's fields in /proc/cpuinfo (``model name``, ``flags``, ...), read once per
+    process; empty where there is no such file."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return []
+        return {}
     fields: dict[str, str] = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
-    return [fields.get(k, "") for k in ("vendor_id", "cpu family", "model", "model name", "flags")]
+    return fields
 
 
 def probe_file() -> Path:
@@ -50,7 +52,8 @@ def probe_file() -> Path:
     root = os.environ.get("POSTTRAIN_CACHE_DIR")
     if not root:
         root = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "posttrain")
-    key = json.dumps([_cpu_identity(), torch.__version__, torch.get_num_threads()])
+    cpu = [cpuinfo().get(k, "") for k in ("vendor_id", "cpu family", "model", "model name", "flags")]
+    key = json.dumps([cpu, torch.__version__, torch.get_num_threads()])
     return Path(root) / f"cpu-probe-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
