@@ -12,7 +12,8 @@ not counted as useful work. MFU = model FLOPs / median step time / peak. Each sh
 the matmul kernels the trainer picks on this CPU (oneDNN where a start-up probe finds it faster
 than PyTorch's MKL path, :mod:`posttrain.models.onednn_linear`) and on PyTorch's own; the GRPO
 shape also under bf16 autocast (the ``model.autocast`` option), against the same float32 peak,
-on CPUs with bf16 units.
+on CPUs with bf16 units. As in the trainer on CPU, attention runs in float32
+(:mod:`posttrain.models.attention`), which only changes the bf16 row.
 
     python benchmarks/mfu.py [--repeats 5] [--out benchmarks/results/mfu.json]
 
@@ -32,6 +33,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from posttrain.models import load_model
+from posttrain.models.attention import use_float32_attention
 from posttrain.models.cpu_probe import has_bf16_units, onednn_training_pays
 from posttrain.models.logprobs import policy_forward
 from posttrain.models.onednn_linear import onednn_training
@@ -104,6 +106,7 @@ def main() -> None:
     from rich.table import Table
 
     model = load_model(MODEL).train()
+    use_float32_attention(model)  # as the trainer's policy on CPU
     vocab = model.config.vocab_size
     shapes = {
         "GRPO 2 prompts x 8, 35 + 64 tokens": batch_shape(16, 35, 64, 2, vocab),
