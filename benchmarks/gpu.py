@@ -209,7 +209,7 @@ def main() -> None:
         for config in configs:
             result["configs"][config] = {c: summarise(one_run(c, model, config, args.steps)) for c in ("posttrain", "trl")}
             print(f"  {config}: {json.dumps(result['configs'][config])[:300]}", flush=True)
-    print(f"| config | contender | s/step | completion tok/s | peak GPU MB | speed-up |\n|---|---|---|---|---|---|")
+    print("| config | contender | s/step | completion tok/s | peak GPU MB | speed-up |\n|---|---|---|---|---|---|")
     for config, pair in result["configs"].items():
         ours, trl = pair["posttrain"], pair["trl"]
         for name, s in (("posttrain (HF backend)", ours), ("TRL GRPOTrainer", trl)):

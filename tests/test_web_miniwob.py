@@ -91,7 +91,7 @@ def test_invalid_actions_become_observations(env):
                          ("goto('http://example.com/')", "outside the site"),
                          ("select_option('3', 'x', 'y')", "takes 2 argument")]:
         obs, reward, terminated, truncated, info = env.step(action)
-        assert says in info["last_action_error"] and f"last_action_error: " in obs and says in obs
+        assert says in info["last_action_error"] and "last_action_error: " in obs and says in obs
         assert reward == 0.0 and not terminated
     obs, *_ = env.step("scroll(0, 100)")
     assert "last_action_error" not in obs
