@@ -1,14 +1,15 @@
 """Attention in float32 on the CPU, whatever the dtype of the matmuls around it.
 
-Under ``model.autocast: bfloat16`` the query, key and value projections return bf16, and
-PyTorch's CPU attention kernel then runs in bf16, where its backward is 3-4x slower than in
-float32 at the shapes of RL batches (SDPA forward + backward, 8 rows x 48 tokens, 9 query and 3
-key/value heads of 64: 10.1 ms bf16 against 2.5 ms float32, and 3.2 ms when bf16 inputs are
-widened to float32 first; Zen 4 EPYC, 2 threads). Attention is a small share of the arithmetic,
-so widening its inputs costs little and also keeps its softmax in float32. The function is
-registered with transformers' attention interface (with the SDPA mask builder, so padding is
-masked as before) and wraps transformers' own SDPA attention; float32 inputs pass straight through.
-"""
+Under ``model.autocast: bfloat16`` PyTorch runs the CPU attention kernel in bf16: the value
+projection returns bf16, and autocast narrows attention's inputs to bf16 even where they are
+float32 (the rotary embedding returns float32 queries and keys). There its backward is 3-4x
+slower than in float32 at the shapes of RL batches (SDPA forward + backward, 8 rows x 48 tokens,
+9 query and 3 key/value heads of 64: 10.1 ms bf16 against 2.5 ms float32, and 3.2 ms when bf16
+inputs are widened to float32 first; Zen 4 EPYC, 2 threads). Attention is a small share of the
+arithmetic, so widening its inputs costs little and also keeps its softmax in float32. The
+function is registered with transformers' attention interface (with the SDPA mask builder, so
+padding is masked as before) and wraps transformers' own SDPA attention; a float32 pass without
+autocast computes exactly what plain SDPA does."""
 
 from __future__ import annotations
 
