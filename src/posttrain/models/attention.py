@@ -39,12 +39,10 @@ AttentionInterface.register(NAME, float32_sdpa)
 AttentionMaskInterface.register(NAME, sdpa_mask)
 
 
-def use_float32_attention(model: nn.Module) -> bool:
+def use_float32_attention(model: nn.Module) -> None:
     """Switch ``model`` (a transformers model, also when wrapped by peft) from SDPA attention to
     :func:`float32_sdpa`; models on another attention implementation are left as they are.
-    Returns whether it switched. Not saved with the model: a checkpoint loads with SDPA."""
+    Not saved with the model: a checkpoint loads with SDPA."""
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
-        return False
-    model.set_attn_implementation(NAME)
-    return True
+    if config is not None and getattr(config, "_attn_implementation", None) == "sdpa":
+        model.set_attn_implementation(NAME)
