@@ -44,10 +44,17 @@ class _HeadLogprobs(torch.autograd.Function):
     """log p(target) and the entropy of softmax(hidden @ weight.T + bias), for one chunk of rows.
 
     Backward applies the softmax gradients directly: d log p_t / dz = onehot(t) - p and
-    dH / dz = -p * (log p + H). With ``keep_probs`` the chunk's probabilities are kept for it;
-    otherwise only ``hidden`` and the per-row log-normaliser are, and backward recomputes the
-    logits with one matmul. (Activation checkpointing would keep as little, but would also re-run
-    the forward's logsumexp and entropy before differentiating them.)
+    dH / dz = -p * (log p + H). With ``keep_probs`` the chunk's probabilities are kept for it
+    (and backward turns them into the gradient in place, so autograd refuses a second backward
+    through them); otherwise only ``hidden`` and the per-row log-normaliser are, and backward
+    recomputes the logits with one matmul. (Activation checkpointing would keep as little, but
+    would also re-run the forward's logsumexp and entropy before differentiating them.)
+
+    Each ``[rows, vocab]`` tensor is a fresh block of 25-100 MB, which the C allocator maps from
+    the kernel page by page on first touch (one fault per 4 KB page): filling one costs more than
+    the arithmetic on it. So both passes work in place on the two blocks they need (the logits and
+    their exponentials), and the entropy is a row-wise dot product rather than a product tensor
+    summed: the forward takes about half the time of ``logsumexp``, ``exp`` and ``(p * log p).sum``.
     """
 
     @staticmethod
@@ -55,12 +62,17 @@ class _HeadLogprobs(torch.autograd.Function):
         # Inside onednn_training the head's three matmuls run on oneDNN too (decided here, as
         # backward runs after the block has been left).
         ctx.onednn = onednn_active() and weight.dtype == torch.float32 and weight.device.type == "cpu"
-        logits = _head_logits(hidden, weight, bias, ctx.onednn)
-        lse = torch.logsumexp(logits, dim=-1)
-        log_probs = logits.sub_(lse.unsqueeze(-1))
-        probs = log_probs.exp()
-        entropy = -(probs * log_probs).sum(-1)
-        logp = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        shifted = _head_logits(hidden, weight, bias, ctx.onednn)
+        peak = shifted.amax(-1, keepdim=True)
+        shifted.sub_(peak)  # z - max z: exp cannot overflow
+        probs = shifted.exp()  # unnormalised
+        total = probs.sum(-1, keepdim=True)
+        log_total = total.log()
+        lse = (peak + log_total).squeeze(-1)
+        # H = -sum p log p = log total - sum p (z - max z), with p = exp(z - max z) / total
+        entropy = log_total.squeeze(-1) - _row_dot(probs, shifted) / total.squeeze(-1)
+        logp = shifted.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_total.squeeze(-1)
+        probs.div_(total)
         ctx.keep_probs = keep_probs and not entropy_grad
         ctx.save_for_backward(hidden, targets, weight, bias, lse, entropy, probs if ctx.keep_probs else None)
         ctx.entropy_grad = entropy_grad
@@ -74,9 +86,11 @@ class _HeadLogprobs(torch.autograd.Function):
         if not ctx.keep_probs:
             log_probs = _head_logits(hidden, weight, bias, ctx.onednn).sub_(lse.unsqueeze(-1))
             probs = log_probs.exp()
-        grad = probs * -grad_logp.unsqueeze(-1)
-        if ctx.entropy_grad and grad_entropy is not None:
-            grad -= (log_probs.add_(entropy.unsqueeze(-1))).mul_(probs).mul_(grad_entropy.unsqueeze(-1))
+        if ctx.entropy_grad and grad_entropy is not None:  # then probs were recomputed, log_probs too
+            entropy_term = log_probs.add_(entropy.unsqueeze(-1)).mul_(probs).mul_(grad_entropy.unsqueeze(-1))
+            grad = probs.mul_(-grad_logp.unsqueeze(-1)).sub_(entropy_term)
+        else:
+            grad = probs.mul_(-grad_logp.unsqueeze(-1))
         grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
         needs = ctx.needs_input_grad
         with torch.autocast(hidden.device.type, enabled=False):
@@ -89,6 +103,13 @@ class _HeadLogprobs(torch.autograd.Function):
                 grad_weight = grad.T @ rows if needs[2] else None
         grad_bias = grad.sum(0) if bias is not None and needs[3] else None
         return grad_hidden, None, grad_weight, grad_bias, None, None
+
+
+def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """sum_j a[i, j] b[i, j] for each row i, as a batched matmul (in float32 even under autocast): no
+    ``[rows, vocab]`` product tensor."""
+    with torch.autocast(a.device.type, enabled=False):
+        return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
 
 
 def _head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -141,6 +162,19 @@ def _in_row_order(per_row: dict[int, torch.Tensor], rows: int, hidden_size: int,
     return torch.cat(pieces) if pieces else torch.zeros((0, hidden_size), device=device)
 
 
+def _embed_once(decoder, id_batches: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The input embeddings of several ``[rows, width]`` id batches, from one lookup.
+
+    Each call of the embedding's backward builds a dense ``[vocab, hidden]`` gradient (113 MB for
+    SmolLM2's 49k vocabulary, zeroed, then added to the weight's): one lookup for every trunk
+    call of a forward builds it once instead of once per call.
+    """
+    flat = torch.cat([ids.reshape(-1) for ids in id_batches])
+    embeds = decoder.get_input_embeddings()(flat)
+    pieces = embeds.split([ids.numel() for ids in id_batches])
+    return [piece.view(*ids.shape, -1) for piece, ids in zip(pieces, id_batches)]
+
+
 def _full_hidden(decoder, input_ids, attention_mask, want) -> torch.Tensor:
     """Hidden states that predict the wanted tokens, from a forward of every full row.
 
@@ -148,10 +182,11 @@ def _full_hidden(decoder, input_ids, attention_mask, want) -> torch.Tensor:
     """
     lengths = attention_mask.sum(-1).tolist()
     per_row: dict[int, torch.Tensor] = {}
-    for rows in length_buckets(lengths):
-        width = max(lengths[i] for i in rows)
-        idx = torch.tensor(rows, device=input_ids.device)
-        hidden = decoder(input_ids=input_ids[idx, :width], attention_mask=attention_mask[idx, :width]).last_hidden_state
+    buckets = [(rows, max(lengths[i] for i in rows), torch.tensor(rows, device=input_ids.device))
+               for rows in length_buckets(lengths)]
+    embeds = _embed_once(decoder, [input_ids[idx, :width] for _, width, idx in buckets])
+    for (rows, width, idx), inputs_embeds in zip(buckets, embeds):
+        hidden = decoder(inputs_embeds=inputs_embeds, attention_mask=attention_mask[idx, :width]).last_hidden_state
         for j, i in enumerate(rows):  # the state at t-1 predicts the token at t
             per_row[i] = hidden[j, : width - 1][want[i, 1:width]]
     return _in_row_order(per_row, len(lengths), decoder.config.hidden_size, input_ids.device)
@@ -179,25 +214,30 @@ def _shared_prefix_hidden(decoder, input_ids, attention_mask, prompt_lengths, wa
         p_ids[k, width - len(p) :] = torch.tensor(p)
         p_mask[k, width - len(p) :] = 1
     p_ids, p_mask = p_ids.to(device), p_mask.to(device)
-    prompt_cache = DynamicCache()
-    key = cache_kwarg(decoder)
-    out = decoder(input_ids=p_ids, attention_mask=p_mask, position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0),
-                  use_cache=True, **{key: prompt_cache})
-    last = out.last_hidden_state[:, -1]
 
     c_lens = [n - p for n, p in zip(lengths, plens)]
-    per_row: dict[int, torch.Tensor] = {}
+    buckets = []
     for rows in length_buckets(c_lens):
-        idx = torch.tensor(rows, device=device)
         c_width = max(c_lens[i] for i in rows)
         c_ids = torch.zeros((len(rows), c_width), dtype=input_ids.dtype, device=device)
         c_mask = torch.zeros_like(c_ids)
         for j, i in enumerate(rows):
             c_ids[j, : c_lens[i]] = input_ids[i, plens[i] : lengths[i]]
             c_mask[j, : c_lens[i]] = 1
+        buckets.append((rows, torch.tensor(rows, device=device), c_ids, c_mask))
+    p_embeds, *c_embeds = _embed_once(decoder, [p_ids] + [c_ids for _, _, c_ids, _ in buckets])
+
+    prompt_cache = DynamicCache()
+    key = cache_kwarg(decoder)
+    out = decoder(inputs_embeds=p_embeds, attention_mask=p_mask, position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0),
+                  use_cache=True, **{key: prompt_cache})
+    last = out.last_hidden_state[:, -1]
+
+    per_row: dict[int, torch.Tensor] = {}
+    for (rows, idx, c_ids, c_mask), inputs_embeds in zip(buckets, c_embeds):
         cache = DynamicCache([(layer.keys[owner[idx]], layer.values[owner[idx]]) for layer in prompt_cache.layers])
-        positions = prompt_lengths[idx].unsqueeze(-1) + torch.arange(c_width, device=device)
-        hidden = decoder(input_ids=c_ids, attention_mask=torch.cat([p_mask[owner[idx]], c_mask], dim=1),
+        positions = prompt_lengths[idx].unsqueeze(-1) + torch.arange(c_ids.shape[1], device=device)
+        hidden = decoder(inputs_embeds=inputs_embeds, attention_mask=torch.cat([p_mask[owner[idx]], c_mask], dim=1),
                          position_ids=positions, use_cache=True, **{key: cache}).last_hidden_state
         # Completion token j is predicted by the prompt's last state (j = 0) or completion state j-1.
         predictors = torch.cat([last[owner[idx]].unsqueeze(1), hidden[:, :-1]], dim=1)
