@@ -1,8 +1,10 @@
+from pathlib import Path
+
 import pytest
 import torch
 
 from posttrain.config import ModelSection
-from posttrain.models import ModelLoadError, Policy, resolve_model_path
+from posttrain.models import ModelLoadError, Policy, load_model, resolve_model_path
 
 
 def test_tiny_random_is_seeded_and_uses_the_chat_template():
@@ -104,3 +106,13 @@ def test_onednn_packing_ops_exist_where_onednn_does():
         pytest.skip("oneDNN packing is an x86 CPU path; this torch build or machine has no oneDNN")
     assert packing_available(), ("torch.ops.mkldnn._reorder_linear_weight/_linear_pointwise are gone or wrong in "
                                  f"torch {torch.__version__}: port posttrain.models.packed_linear")
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's /proc/self/maps")
+def test_loaded_weights_do_not_live_in_the_checkpoint_files_memory_map():
+    # Training writes every parameter in place: on a copy-on-write map of the file, the first write
+    # to each page would fault it in and copy it (seconds on the first optimiser step).
+    path = Path(resolve_model_path("tiny-random")).resolve()
+    model = load_model("tiny-random")
+    mapped = [line for line in Path("/proc/self/maps").read_text().splitlines() if str(path) in line]
+    assert mapped == [], f"{model.name_or_path}'s weights are still a view of its file"
