@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer
 
-from posttrain.models.loading import ModelLoadError, resolve_model_path
+from posttrain.models.loading import ModelLoadError, copy_out_of_file, resolve_model_path
 from posttrain.rewards.reward_model import padded
 from posttrain.types import Trajectory
 
@@ -61,6 +61,7 @@ def load_prm(name: str):
     try:
         config = AutoConfig.from_pretrained(path, num_labels=1, classifier_dropout=0.0)
         model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
+        copy_out_of_file(model)
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot load process reward model {name!r}: {e}") from None

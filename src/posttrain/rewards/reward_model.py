@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from posttrain.data.pairs import PreferencePair
-from posttrain.models.loading import ModelLoadError, resolve_model_path
+from posttrain.models.loading import ModelLoadError, copy_out_of_file, resolve_model_path
 from posttrain.types import Trajectory
 
 
@@ -41,6 +41,7 @@ def load_reward_model(name: str):
     path = resolve_model_path(name)
     try:
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
+        copy_out_of_file(model)
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot load reward model {name!r}: {e}") from None
