@@ -67,13 +67,13 @@ class _HeadLogprobs(torch.autograd.Function):
         peak = shifted.amax(-1, keepdim=True)
         shifted.sub_(peak)  # z - max z: exp cannot overflow
         probs = shifted.exp()  # unnormalised
-        total = probs.sum(-1, keepdim=True)
+        total = probs.sum(-1)
         log_total = total.log()
-        lse = (peak + log_total).squeeze(-1)
+        lse = peak.squeeze(-1) + log_total
         # H = -sum p log p = log total - sum p (z - max z), with p = exp(z - max z) / total
-        entropy = log_total.squeeze(-1) - _row_dot(probs, shifted) / total.squeeze(-1)
-        logp = shifted.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_total.squeeze(-1)
-        probs.div_(total)
+        entropy = log_total - _row_dot(probs, shifted) / total
+        logp = shifted.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_total
+        probs.div_(total.unsqueeze(-1))
         ctx.keep_probs = keep_probs and not entropy_grad
         ctx.save_for_backward(hidden, targets, weight, bias, lse, entropy, probs if ctx.keep_probs else None)
         ctx.entropy_grad = entropy_grad
