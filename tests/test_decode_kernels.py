@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posttrain.models.cpu_probe import narrow_decode_kernel, narrow_decode_seconds
+from posttrain.models.cpu_probe import narrow_decode_kernel, narrow_decode_seconds, wide_decode_kernel
+from posttrain.models import panel_linear
 from posttrain.models.decode_kernels import FP32_KERNELS, KERNELS
 from posttrain.rollout.fast_decode import NARROW_ROWS, DecodeWeights, StaticCache, decode_step
 
@@ -46,4 +47,51 @@ def test_float32_kernels_give_the_models_own_logits_at_one_row(tiny_model, token
     with torch.no_grad():
         expected = tiny_model(input_ids=torch.cat([ids, token[:, None]], 1)).logits[:, -1]
     assert torch.allclose(logits, expected, atol=1e-4)
-    assert weights.kernel(1) == narrow_decode_kernel(False) and weights.kernel(NARROW_ROWS + 1) == "packed fp32"
+    assert weights.kernel(1) == narrow_decode_kernel(False) and weights.kernel(NARROW_ROWS + 1) == wide_decode_kernel(False)
+
+
+def _can_build_panel_kernel() -> bool:
+    import platform
+    import shutil
+
+    from posttrain.models.probe_cache import cpuinfo
+
+    return (platform.machine() == "x86_64" and {"avx2", "fma"} <= set(cpuinfo().get("flags", "").split())
+            and shutil.which("cc") is not None)
+
+
+def test_panel_kernel_builds_wherever_it_can_run():
+    """Not a silent fallback: on an x86-64 CPU with AVX2 and a C compiler, a broken build fails here."""
+    if not _can_build_panel_kernel():
+        pytest.skip("the panel kernel needs x86-64 with AVX2/FMA and a C compiler")
+    assert panel_linear.unavailable_reason() is None
+
+
+@pytest.mark.parametrize("outputs,inputs", [(1, 1), (17, 37), (50, 64)])
+@pytest.mark.parametrize("rows", [1, 6, 7, 13])
+def test_panel_kernel_computes_any_shape_with_and_without_bias(outputs, inputs, rows):
+    if panel_linear.unavailable_reason():
+        pytest.skip(panel_linear.unavailable_reason())
+    torch.manual_seed(rows)
+    weight, bias, x = torch.randn(outputs, inputs), torch.randn(outputs), torch.randn(rows, inputs)
+    packed = panel_linear.pack(weight)
+    assert torch.allclose(panel_linear.linear(packed, bias, x), F.linear(x, weight, bias), atol=1e-5)
+    assert torch.allclose(panel_linear.linear(packed, None, x[:, :]), F.linear(x, weight), atol=1e-5)
+    with pytest.raises(ValueError, match=rf"\[rows, {inputs}\]"):
+        panel_linear.linear(packed, None, torch.randn(rows, inputs + 1))
+
+
+def test_a_failed_panel_build_says_why_and_the_other_kernels_serve(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    monkeypatch.setenv("POSTTRAIN_CACHE_DIR", str(tmp_path))
+    panel_linear._library.cache_clear()
+    try:
+        reason = panel_linear.unavailable_reason()
+        if not _can_build_panel_kernel():
+            assert reason
+            return
+        assert reason.startswith("false could not build panel_gemm.c")
+        with pytest.raises(RuntimeError, match="panel matmul kernel is not available: false could not build"):
+            KERNELS["panel fp32"].prepare(torch.randn(16, 16), 1)
+    finally:
+        panel_linear._library.cache_clear()

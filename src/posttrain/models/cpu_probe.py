@@ -103,24 +103,18 @@ def bf16_training_speedup(rows: int = 512, features: int = 576, outputs: int = 1
 _DECODE_LAYER_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 
 
-@stored_per_machine
-def narrow_decode_seconds() -> dict[str, float]:
-    """Seconds per decode kernel (:data:`~posttrain.models.decode_kernels.KERNELS`) for the one-row
-    matmuls of 16 decoder layers of the default model's shapes (113 MB of float32 weights:
-    more than a CPU cache holds, as the model's 540 MB are). One row is bound by reading the
-    weights, and the fastest kernel differs by machine. Over the default model's 121 matmuls: on a
-    Zen 3 EPYC, packed fp32 30-36 ms, MKL on plain fp32 41-46, plain bf16 24-27; on an Intel Xeon
-    with AMX, MKL on plain fp32 36 ms, packed fp32 49, packed bf16 40, plain bf16 43. The kernels
-    are timed in turns, best of 3 (0.85 s in all on the Intel Xeon); {} without oneDNN packing."""
-    if not packing_available():
-        return {}
+def _decode_kernel_seconds(rows: int, kernels: tuple[str, ...]) -> dict[str, float]:
+    """Seconds per decode kernel for ``rows``-row matmuls of 16 decoder layers of the default
+    model's shapes (113 MB of float32 weights: more than a CPU cache holds, as the model's 540 MB
+    are), timed in turns, best of 3; a kernel this CPU cannot run is left out."""
     with torch.no_grad():
         weights = [torch.empty(shape).uniform_(-0.05, 0.05) for _ in range(16) for shape in _DECODE_LAYER_SHAPES]
-        inputs = {w.shape[1]: torch.randn(1, w.shape[1]) for w in weights}
+        inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
         runs = {}
-        for name, kernel in KERNELS.items():
+        for name in kernels:
+            kernel = KERNELS[name]
             try:
-                pairs = [(kernel.prepare(w, 1), inputs[w.shape[1]]) for w in weights]
+                pairs = [(kernel.prepare(w, rows), inputs[w.shape[1]]) for w in weights]
                 kernel.linear(pairs[0][0], None, pairs[0][1])
             except RuntimeError:  # this CPU cannot run it (oneDNN packs bf16 only with bf16 units)
                 continue
@@ -128,11 +122,42 @@ def narrow_decode_seconds() -> dict[str, float]:
         return _best_seconds_in_turns(runs)
 
 
+@stored_per_machine
+def narrow_decode_seconds() -> dict[str, float]:
+    """Seconds per decode kernel (:data:`~posttrain.models.decode_kernels.KERNELS`) for one-row
+    matmuls (:func:`_decode_kernel_seconds`). One row is bound by reading the weights, and the
+    fastest kernel differs by machine. Over the default model's 121 matmuls: on a Zen 3 EPYC,
+    packed fp32 30-36 ms, MKL on plain fp32 41-46, plain bf16 24-27, our panel kernel 22-26; on an
+    Intel Xeon with AMX, MKL on plain fp32 36 ms, packed fp32 49, packed bf16 40, plain bf16 43.
+    Under 1 s in all; {} without oneDNN packing."""
+    return _decode_kernel_seconds(1, tuple(KERNELS)) if packing_available() else {}
+
+
+@stored_per_machine
+def wide_decode_seconds() -> dict[str, float]:
+    """Seconds per float32 decode kernel for 16-row matmuls (:func:`_decode_kernel_seconds`): the
+    demo's decode steps (2 prompts x 8 samples). Compute- and memory-bound at once; over the
+    default model's matmuls on a Zen 3 EPYC, oneDNN's packed fp32 55-57 ms, our panel kernel 39-42.
+    {} without oneDNN packing."""
+    return _decode_kernel_seconds(16, FP32_KERNELS) if packing_available() else {}
+
+
 @functools.cache  # asked at every narrow decode step
 def narrow_decode_kernel(bf16: bool) -> str:
     """The fastest kernel for decode steps of one or two rows here (:func:`narrow_decode_seconds`):
     among the float32 ones, and the bf16 ones too when ``bf16`` (``rollout.decode_dtype: bfloat16``)."""
     seconds = {k: s for k, s in narrow_decode_seconds().items() if k in KERNELS and (bf16 or k in FP32_KERNELS)}
+    return min(seconds, key=seconds.__getitem__) if seconds else "packed fp32"
+
+
+@functools.cache  # asked at every wide decode step
+def wide_decode_kernel(bf16: bool) -> str:
+    """The kernel for decode steps of more than two rows here: oneDNN's packed bf16 when decoding in
+    bf16 on a CPU with bf16 units (1.4-1.75x its float32), otherwise the fastest float32 kernel
+    measured at 16 rows (:func:`wide_decode_seconds`)."""
+    if bf16 and has_bf16_units():
+        return "packed bf16"
+    seconds = wide_decode_seconds()
     return min(seconds, key=seconds.__getitem__) if seconds else "packed fp32"
 
 

@@ -47,14 +47,17 @@ def cpuinfo() -> dict[str, str]:
     return fields
 
 
+def cache_dir() -> Path:
+    """``$POSTTRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/posttrain``, else ``~/.cache/posttrain``."""
+    root = os.environ.get("POSTTRAIN_CACHE_DIR")
+    return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "posttrain"
+
+
 def probe_file() -> Path:
     """Where this machine's measurements are kept (see the module docstring)."""
-    root = os.environ.get("POSTTRAIN_CACHE_DIR")
-    if not root:
-        root = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "posttrain")
     cpu = [cpuinfo().get(k, "") for k in ("vendor_id", "cpu family", "model", "model name", "flags")]
     key = json.dumps([cpu, torch.__version__, torch.get_num_threads()])
-    return Path(root) / f"cpu-probe-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    return cache_dir() / f"cpu-probe-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
 def _read(path: Path) -> dict:

@@ -20,15 +20,17 @@ log-probabilities that differ from the trainer's, which the trainer then treats 
 engine's (``HFBackend.same_logprobs_as_trainer``).
 
 Which matmul kernel (:mod:`posttrain.models.decode_kernels`) serves a step depends on its width
-and on the CPU. Steps of more than :data:`NARROW_ROWS` rows run on packed weights: bf16 ones when
-decoding in bf16 on a CPU with bf16 units (1.4-1.75x faster decoding), float32 ones otherwise
-(without bf16 units a bf16 matmul is emulated, slower than float32's). A narrower step is bound by
-reading the weights, and takes the kernel measured fastest at one row on this CPU
-(:func:`~posttrain.models.cpu_probe.narrow_decode_kernel`), a bf16 one only when decoding in bf16:
-on a Zen 3 EPYC, plain bf16 weights, which PyTorch's matrix-vector kernel widens as it reads half
-the bytes (the default model's matmuls at one row: 24 ms instead of 30-36 ms on packed float32);
-on an Intel Xeon with AMX, MKL's on plain float32 weights (36 ms instead of 49 ms packed, 40 ms
-packed bf16). Each copy of the weights is made the first time a step needs it. Models this
+and on the CPU. Steps of more than :data:`NARROW_ROWS` rows run on oneDNN's packed bf16 weights
+when decoding in bf16 on a CPU with bf16 units (1.4-1.75x faster decoding), otherwise on the
+float32 kernel measured fastest at 16 rows (:func:`~posttrain.models.cpu_probe.wide_decode_kernel`;
+without bf16 units a bf16 matmul is emulated, slower than float32's): on a Zen 3 EPYC our own
+panel kernel (:mod:`posttrain.models.panel_linear`), 39-42 ms for the default model's matmuls
+instead of oneDNN's 55-57. A narrower step is bound by reading the weights, and takes the kernel
+measured fastest at one row on this CPU (:func:`~posttrain.models.cpu_probe.narrow_decode_kernel`),
+a bf16 one only when decoding in bf16: on a Zen 3 EPYC, the panel kernel in float32 (22-26 ms
+instead of 30-36 ms on packed float32) and plain bf16 weights in bf16, which PyTorch's
+matrix-vector kernel widens as it reads half the bytes (24 ms); on an Intel Xeon with AMX, MKL's
+on plain float32 weights (36 ms instead of 49 ms packed, 40 ms packed bf16). Each copy of the weights is made the first time a step needs it. Models this
 module does not recognise (other architectures, biases in the MLP or the output projection,
 sliding windows, a non-SiLU activation) use the generic path.
 """
@@ -42,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posttrain.models.cpu_probe import has_bf16_units, narrow_decode_kernel
+from posttrain.models.cpu_probe import narrow_decode_kernel, wide_decode_kernel
 from posttrain.models.decode_kernels import KERNELS, Kernel, Linear
 from posttrain.models.packed_linear import _mergeable_lora, packing_available
 
@@ -154,7 +156,7 @@ class DecodeWeights:
         bf16 = self.dtype == torch.bfloat16
         if rows <= NARROW_ROWS:
             return narrow_decode_kernel(bf16)
-        return "packed bf16" if bf16 and has_bf16_units() else "packed fp32"
+        return wide_decode_kernel(bf16)
 
     def matmuls(self, rows: int) -> Matmuls:
         """The weights and kernel for a step of ``rows`` rows."""
