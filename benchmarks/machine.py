@@ -11,7 +11,8 @@ import platform
 
 from posttrain.models.cpu_probe import (ONEDNN_TRAINING_THRESHOLD, bf16_decode_speedup, bf16_training_speedup, cpu_flags,
                                         has_bf16_units, narrow_bf16_decode_speedup, narrow_decode_kernel,
-                                        onednn_training_speedup)
+                                        onednn_training_speedup, wide_decode_kernel)
+from posttrain.models.panel_linear import unavailable_reason
 from posttrain.models.probe_cache import cpuinfo, probe_file
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
@@ -43,8 +44,11 @@ def describe() -> str:
 
 def bf16_line() -> str:
     """What bf16 decoding and training matmuls measured here against fp32, and the kernels that
-    one-row decode steps take."""
-    narrow = f"one-row decode steps on {narrow_decode_kernel(False)} (float32), {narrow_decode_kernel(True)} (bf16)"
+    decode steps take (and why our own panel kernel cannot run, where it cannot)."""
+    narrow = (f"one-row decode steps on {narrow_decode_kernel(False)} (float32), {narrow_decode_kernel(True)} (bf16), "
+              f"wider ones on {wide_decode_kernel(False)} (float32), {wide_decode_kernel(True)} (bf16)")
+    if unavailable_reason():
+        narrow += f"; no panel kernel: {unavailable_reason()}"
     if has_bf16_units():
         return (f"bf16 vs fp32: decoding {bf16_decode_speedup():.2f}x, "
                 f"training matmuls {bf16_training_speedup():.2f}x; {narrow}")

@@ -40,4 +40,9 @@ if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/lib/chromium/chromium ] 
     fi
     command -v chromium >/dev/null 2>&1 || { echo "setup: no Chromium for the web environments (apt-get install chromium, or set POSTTRAIN_CHROMIUM)" >&2; exit 1; }
 fi
+# Decoding builds its own matmul kernel with the system's C compiler on first use
+# (posttrain/models/panel_gemm.c); without one it runs on PyTorch's kernels only, slower.
+if ! command -v cc >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq gcc
+fi
 touch "$VENV/.installed"

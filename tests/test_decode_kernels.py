@@ -67,16 +67,18 @@ def test_panel_kernel_builds_wherever_it_can_run():
     assert panel_linear.unavailable_reason() is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("outputs,inputs", [(1, 1), (17, 37), (50, 64)])
 @pytest.mark.parametrize("rows", [1, 6, 7, 13])
-def test_panel_kernel_computes_any_shape_with_and_without_bias(outputs, inputs, rows):
+def test_panel_kernel_computes_any_shape_with_and_without_bias(outputs, inputs, rows, dtype):
     if panel_linear.unavailable_reason():
         pytest.skip(panel_linear.unavailable_reason())
     torch.manual_seed(rows)
     weight, bias, x = torch.randn(outputs, inputs), torch.randn(outputs), torch.randn(rows, inputs)
-    packed = panel_linear.pack(weight)
+    packed = panel_linear.pack(weight, dtype)
+    weight = weight.to(dtype).float()  # bf16 weights: the products of the rounded weights, summed in float32
     assert torch.allclose(panel_linear.linear(packed, bias, x), F.linear(x, weight, bias), atol=1e-5)
-    assert torch.allclose(panel_linear.linear(packed, None, x[:, :]), F.linear(x, weight), atol=1e-5)
+    assert torch.allclose(panel_linear.linear(packed, None, x), F.linear(x, weight), atol=1e-5)
     with pytest.raises(ValueError, match=rf"\[rows, {inputs}\]"):
         panel_linear.linear(packed, None, torch.randn(rows, inputs + 1))
 

@@ -48,3 +48,21 @@ def test_a_damaged_file_is_measured_again_and_an_unwritable_place_measures_in_pr
     blocked = tmp_path / "file"
     blocked.write_text("")  # a directory cannot be made under a file
     assert len(choices(blocked / "cache")) == 3
+
+
+def test_a_measurement_is_taken_again_when_the_code_it_measures_changes(tmp_path, monkeypatch):
+    """The decode kernels' timings depend on decode_kernels.py and panel_gemm.c, not only on the
+    probe function's own source: a new kernel must be timed, not missed for a stale record."""
+    from posttrain.models.probe_cache import stored_per_machine
+
+    monkeypatch.setenv("POSTTRAIN_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def measure() -> int:
+        calls.append(1)
+        return len(calls)
+
+    first = stored_per_machine(depends_on="kernels a")(measure)
+    another_process = stored_per_machine(depends_on="kernels a")(measure)
+    changed = stored_per_machine(depends_on="kernels a, b")(measure)
+    assert (first(), another_process(), changed()) == (1, 1, 2)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from posttrain.models.decode_kernels import FP32_KERNELS, KERNELS
+from posttrain.models.decode_kernels import FP32_KERNELS, KERNELS, definitions
 from posttrain.models.packed_linear import _pack, _packed_linear, packing_available
 from posttrain.models.probe_cache import cpuinfo, stored_per_machine
 
@@ -122,7 +122,7 @@ def _decode_kernel_seconds(rows: int, kernels: tuple[str, ...]) -> dict[str, flo
         return _best_seconds_in_turns(runs)
 
 
-@stored_per_machine
+@stored_per_machine(depends_on=definitions())
 def narrow_decode_seconds() -> dict[str, float]:
     """Seconds per decode kernel (:data:`~posttrain.models.decode_kernels.KERNELS`) for one-row
     matmuls (:func:`_decode_kernel_seconds`). One row is bound by reading the weights, and the
@@ -133,32 +133,33 @@ def narrow_decode_seconds() -> dict[str, float]:
     return _decode_kernel_seconds(1, tuple(KERNELS)) if packing_available() else {}
 
 
-@stored_per_machine
+@stored_per_machine(depends_on=definitions())
 def wide_decode_seconds() -> dict[str, float]:
-    """Seconds per float32 decode kernel for 16-row matmuls (:func:`_decode_kernel_seconds`): the
-    demo's decode steps (2 prompts x 8 samples). Compute- and memory-bound at once; over the
-    default model's matmuls on a Zen 3 EPYC, oneDNN's packed fp32 55-57 ms, our panel kernel 39-42.
-    {} without oneDNN packing."""
-    return _decode_kernel_seconds(16, FP32_KERNELS) if packing_available() else {}
+    """Seconds per decode kernel for 16-row matmuls (:func:`_decode_kernel_seconds`): the demo's
+    decode steps (2 prompts x 8 samples), bound by the vector units and by reading the weights at
+    once. Over the default model's matmuls on a Zen 3 EPYC: oneDNN's packed fp32 55-57 ms, our
+    panel kernel 39-42 ms in float32. About 1 s in all; {} without oneDNN packing."""
+    return _decode_kernel_seconds(16, tuple(KERNELS)) if packing_available() else {}
+
+
+def _fastest(seconds: dict[str, float], bf16: bool) -> str:
+    """The fastest of the measured kernels: of the float32 ones, and of the bf16 ones too when ``bf16``."""
+    allowed = {k: s for k, s in seconds.items() if k in KERNELS and (bf16 or k in FP32_KERNELS)}
+    return min(allowed, key=allowed.__getitem__) if allowed else "packed fp32"
 
 
 @functools.cache  # asked at every narrow decode step
 def narrow_decode_kernel(bf16: bool) -> str:
     """The fastest kernel for decode steps of one or two rows here (:func:`narrow_decode_seconds`):
     among the float32 ones, and the bf16 ones too when ``bf16`` (``rollout.decode_dtype: bfloat16``)."""
-    seconds = {k: s for k, s in narrow_decode_seconds().items() if k in KERNELS and (bf16 or k in FP32_KERNELS)}
-    return min(seconds, key=seconds.__getitem__) if seconds else "packed fp32"
+    return _fastest(narrow_decode_seconds(), bf16)
 
 
 @functools.cache  # asked at every wide decode step
 def wide_decode_kernel(bf16: bool) -> str:
-    """The kernel for decode steps of more than two rows here: oneDNN's packed bf16 when decoding in
-    bf16 on a CPU with bf16 units (1.4-1.75x its float32), otherwise the fastest float32 kernel
-    measured at 16 rows (:func:`wide_decode_seconds`)."""
-    if bf16 and has_bf16_units():
-        return "packed bf16"
-    seconds = wide_decode_seconds()
-    return min(seconds, key=seconds.__getitem__) if seconds else "packed fp32"
+    """The fastest kernel for decode steps of more than two rows here, measured at 16 rows
+    (:func:`wide_decode_seconds`), a bf16 one only when ``bf16``."""
+    return _fastest(wide_decode_seconds(), bf16)
 
 
 def narrow_bf16_decode_speedup() -> float:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from posttrain.models.probe_cache import cache_dir, cpuinfo
 
@@ -43,7 +44,8 @@ COMPILE_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 
 @dataclass(frozen=True)
 class PanelWeight:
-    """A weight ``[outputs, inputs]`` stored as ``panels`` ``[ceil(outputs / 16), inputs, 16]``."""
+    """A weight ``[outputs, inputs]`` stored as ``panels`` ``[ceil(outputs / 16), inputs, 16]``
+    (float32 or bfloat16; outputs past ``outputs`` are zero)."""
 
     panels: torch.Tensor
     outputs: int
@@ -92,8 +94,8 @@ def _library() -> ctypes.CDLL | str:
     except OSError as e:
         return str(e)
     pointer, size = ctypes.c_void_p, ctypes.c_int64
-    lib.panel_pack.argtypes = [pointer, size, size, pointer]
-    lib.panel_linear.argtypes = [pointer, size, size, pointer, size, pointer, pointer, ctypes.c_int]
+    for function in (lib.panel_linear_f32, lib.panel_linear_bf16):
+        function.argtypes = [pointer, size, size, pointer, size, pointer, pointer, ctypes.c_int]
     return lib
 
 
@@ -110,18 +112,21 @@ def _loaded() -> ctypes.CDLL:
     return lib
 
 
-def pack(weight: torch.Tensor) -> PanelWeight:
-    """``weight`` ``[outputs, inputs]`` (any float dtype) in the kernel's layout; RuntimeError where it cannot run."""
-    lib = _loaded()
-    weight = weight.detach().to(torch.float32).contiguous()
+def pack(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> PanelWeight:
+    """``weight`` ``[outputs, inputs]`` in the kernel's layout, in ``dtype`` (float32 or bfloat16);
+    RuntimeError where the kernel cannot run here."""
+    _loaded()
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"the panel kernel reads float32 or bfloat16 weights, not {dtype}")
     outputs, inputs = weight.shape
-    panels = torch.empty(-(-outputs // PANEL), inputs, PANEL)  # PyTorch aligns CPU allocations to 64 bytes
-    lib.panel_pack(weight.data_ptr(), outputs, inputs, panels.data_ptr())
+    padded = F.pad(weight.detach().to(dtype), (0, 0, 0, -outputs % PANEL))
+    # A new contiguous tensor: PyTorch aligns CPU allocations to 64 bytes, as the kernel's loads need.
+    panels = padded.view(-1, PANEL, inputs).transpose(1, 2).contiguous()
     return PanelWeight(panels, outputs)
 
 
 def linear(weight: PanelWeight, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    """x ``[rows, inputs]`` W^T + b, float32 ``[rows, outputs]``."""
+    """x ``[rows, inputs]`` W^T + b, float32 ``[rows, outputs]`` (float32 sums whatever the weights' dtype)."""
     x = x.to(torch.float32).contiguous()
     inputs = weight.panels.shape[1]
     if x.dim() != 2 or x.shape[1] != inputs:
@@ -130,7 +135,9 @@ def linear(weight: PanelWeight, bias: torch.Tensor | None, x: torch.Tensor) -> t
         bias = bias.to(torch.float32).contiguous()
         if bias.shape != (weight.outputs,):
             raise ValueError(f"expected a bias of shape [{weight.outputs}], got {list(bias.shape)}")
+    lib = _loaded()
+    kernel = lib.panel_linear_bf16 if weight.panels.dtype == torch.bfloat16 else lib.panel_linear_f32
     out = torch.empty(x.shape[0], weight.outputs)
-    _loaded().panel_linear(x.data_ptr(), x.shape[0], inputs, weight.panels.data_ptr(), weight.outputs,
-                           None if bias is None else bias.data_ptr(), out.data_ptr(), torch.get_num_threads())
+    kernel(x.data_ptr(), x.shape[0], inputs, weight.panels.data_ptr(), weight.outputs,
+           None if bias is None else bias.data_ptr(), out.data_ptr(), torch.get_num_threads())
     return out

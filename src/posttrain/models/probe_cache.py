@@ -9,8 +9,8 @@ process on a machine measures and writes the file; every later one reads it (a l
 first processes from measuring at once). Delete the file to measure again.
 
 The file is keyed by what the timings depend on: the CPU (model and flags), torch's version and the
-number of threads torch runs matmuls on; each value by its function's name and source, so that a
-changed measurement is taken again. It lives in ``$POSTTRAIN_CACHE_DIR``, else
+number of threads torch runs matmuls on; each value by its function's name and source (and the
+code it measures, where that lives elsewhere), so that a changed measurement is taken again. It lives in ``$POSTTRAIN_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/posttrain``, else ``~/.cache/posttrain``; where that cannot be written, each process
 measures for itself.
 """
@@ -68,14 +68,17 @@ def _read(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def stored_per_machine(measure: Callable[[], T]) -> Callable[[], T]:
-    """``measure()`` taken once per machine (see the module docstring) and once per process."""
-
+def stored_per_machine(measure: Callable[[], T] | None = None, *, depends_on: str = "") -> Callable[[], T]:
+    """``measure()`` taken once per machine (see the module docstring) and once per process; used as
+    ``@stored_per_machine``, or ``@stored_per_machine(depends_on=text)`` when what it measures is
+    also defined elsewhere (``text``: that code, or a digest of it), so that changing it measures again."""
+    if measure is None:
+        return functools.partial(stored_per_machine, depends_on=depends_on)  # type: ignore[return-value]
     try:
         source = inspect.getsource(measure)
     except OSError:  # no source shipped: the name alone
         source = ""
-    key = f"{measure.__name__} {hashlib.sha256(source.encode()).hexdigest()[:12]}"
+    key = f"{measure.__name__} {hashlib.sha256((source + depends_on).encode()).hexdigest()[:12]}"
 
     @functools.cache
     @functools.wraps(measure)
