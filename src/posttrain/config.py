@@ -288,10 +288,11 @@ class RolloutSection(_Section):
     batch_size: int = Field(64, gt=0, description="Most sequences generated in one batched call.")
     decode_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "float32", description="HF backend on CPU (Llama-family models): the matmul precision of decoding. "
-        "bfloat16 decodes 1.4-1.75x faster on CPUs with bf16 units (AVX512-BF16, AMX); on CPUs without them "
-        "wider steps stay float32. Steps of one or two rows (e.g. batch-1 evaluation) take the kernel measured "
-        "fastest at one row, a bf16 one only in bfloat16 (without bf16 units: 1.7-2x faster matmuls; on an "
-        "Intel Xeon with AMX: float32 ones). Its log-probs are not the trainer's, so the trainer measures the gap and "
+        "Each step takes the matmul kernel measured fastest on this CPU for its width (one row for steps of one or "
+        "two, 16 rows above), a bf16 one only in bfloat16: bfloat16 decodes 1.4-1.75x faster on CPUs with bf16 "
+        "units (AVX512-BF16, AMX); without them, steps of one or two rows (e.g. batch-1 evaluation) read half the "
+        "bytes (1.7-2x faster matmuls) and wider steps stay float32 (on an Intel Xeon with AMX, one-row steps "
+        "stay float32). Its log-probs are not the trainer's, so the trainer measures the gap and "
         "applies algorithm.tis_cap; auto picks bfloat16 where a measurement taken once per machine finds it "
         "at least 1.2x faster, else float32.")
     max_turns: int = Field(1, gt=0, description="Most agent turns per episode (1: single-turn).")

@@ -5,15 +5,16 @@ AVX512-BF16 a bf16 matmul at decoding shapes runs about 1.5x faster than fp32; o
 with AMX, about 3x; on a CPU with neither, a bf16 matmul is emulated and slower than fp32. A step
 of one or two rows is another matter: it is bound by reading the weights, and there the fastest
 kernel was plain bf16 weights on a Zen 3 EPYC (half the bytes, 1.6-2.1x; of the float32 ones,
-oneDNN's packed), and MKL's matrix-vector kernel on plain float32 weights on an Intel Xeon with
-AMX, whose packed kernels, bf16 included, were slower at one row. So the fast paths are chosen by
-measuring, once per machine (kept in a file, so that every run and its resumption choose alike:
-:mod:`posttrain.models.probe_cache`): the packed linear layer at the decoding shape of the default model
-(16 rows, 576 -> 1536) in both dtypes (about 50 ms); every decode kernel at one row, over more
-weights than a cache holds (under 1 s, the first time a narrow step needs it). Kernels for
-training are chosen the same way: the training pass's float32 matmuls run on oneDNN where it
-measured clearly faster than PyTorch's MKL path (2x on a Zen 5 AMD EPYC, whose CPUs MKL runs on a
-generic code path; level on a Zen 3 one, which keeps MKL; 0.85x on the Intel Xeon).
+oneDNN's packed; since then our own panel kernel, in either dtype), and MKL's matrix-vector kernel
+on plain float32 weights on an Intel Xeon with AMX, whose packed kernels, bf16 included, were slower
+at one row. So the fast paths are chosen by measuring, once per machine (kept in a file, so that
+every run and its resumption choose alike: :mod:`posttrain.models.probe_cache`): the packed linear
+layer at the decoding shape of the default model (16 rows, 576 -> 1536) in both dtypes (about 50
+ms); every decode kernel at one row and at 16 rows, over more weights than a cache holds (about 1 s
+each, the first time a step of that width needs it). Kernels for training are chosen the same
+way: the training pass's float32 matmuls run on oneDNN where it measured clearly faster than
+PyTorch's MKL path (2x on a Zen 5 AMD EPYC, whose CPUs MKL runs on a generic code path; level on a
+Zen 3 one, which keeps MKL; 0.85x on the Intel Xeon).
 """
 
 from __future__ import annotations

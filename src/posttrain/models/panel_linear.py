@@ -1,4 +1,4 @@
-"""Our own float32 matmul for decode steps (``panel_gemm.c``), built on the first use with the system's C compiler.
+"""Our own matmul for decode steps (``panel_gemm.c``), built on the first use with the system's C compiler.
 
 A decode step multiplies 1 to 64 rows by every weight of the model. At those widths the work is
 bound by reading the weights (one row) or by the vector units (16 rows and up), and on an AVX2 CPU
@@ -6,9 +6,10 @@ bound by reading the weights (one row) or by the vector units (16 rows and up), 
 oneDNN ran the default model's matmuls at 60-90 GFLOP/s against the machine's 180 (the weights'
 540 MB stream at 29 GB/s there, so the bound is about 25 ms against oneDNN's 55-57 ms). The
 kernel in ``panel_gemm.c`` keeps the weights in panels of 16 outputs, one sequential stream each,
-and holds a 6-row x 16-output block of sums in registers. Measured there over the default model's
-matmuls (30 layers and the head, medians): 1 row 22-26 ms (oneDNN 31-33), 4 rows 22 (35), 16 rows
-39-42 (55-57), 64 rows 125 (149).
+and holds a 6-row x 16-output block of sums in registers; the weights are float32, or bf16 widened
+to float32 as they are read (half the bytes), and the sums float32. Measured there over the
+default model's float32 matmuls (30 layers and the head, medians): 1 row 22-26 ms (oneDNN 31-33),
+4 rows 22 (35), 16 rows 39-42 (55-57), 64 rows 125 (149).
 
 It is compiled once per machine into the posttrain cache directory (next to the CPU probe's
 file: :func:`posttrain.models.probe_cache.cache_dir`) with ``$CC`` or ``cc``, ``-O3 -mavx2 -mfma
@@ -59,16 +60,21 @@ def _build(compiler: str) -> Path:
     """The shared library, compiled unless this source was already compiled with this compiler and flags."""
     key = hashlib.sha256(f"{SOURCE.read_text()} {compiler} {COMPILE_FLAGS}".encode()).hexdigest()[:16]
     for root in (cache_dir(), Path(tempfile.gettempdir()) / f"posttrain-{os.getuid()}"):
+        library = root / f"panel_gemm-{key}.so"
+        if library.exists():
+            return library
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError:  # a read-only home directory: the temporary directory
             continue
-        library = root / f"panel_gemm-{key}.so"
-        if library.exists():
-            return library
+        if not os.access(root, os.W_OK):
+            continue
         partial = root / f"panel_gemm-{key}.{os.getpid()}.so"
-        result = subprocess.run([compiler, *COMPILE_FLAGS, str(SOURCE), "-o", str(partial)],
-                                capture_output=True, text=True)
+        try:
+            result = subprocess.run([compiler, *COMPILE_FLAGS, str(SOURCE), "-o", str(partial)],
+                                    capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            raise OSError(f"{compiler} did not build {SOURCE.name} within 120 s") from None
         if result.returncode != 0:
             partial.unlink(missing_ok=True)
             lines = result.stderr.strip().splitlines() or [f"exit status {result.returncode}"]

@@ -14,25 +14,26 @@ with LoRA adapters folded in, exactly as the generic path does.
 In float32 the arithmetic is the model's own (same formulas), so the sampled tokens'
 log-probabilities agree with the trainer's forward pass to float rounding, which the trainer
 relies on when it reuses them as the old policy's. In bfloat16 (``rollout.decode_dtype``) the
-matmuls take bf16 weights and inputs (everything else stays float32, but for the SiLU-gated
-product that is the down projection's bf16 input), at the price of
-log-probabilities that differ from the trainer's, which the trainer then treats as another
+matmuls take bf16 weights, and on PyTorch's and oneDNN's kernels bf16 inputs too (everything else
+stays float32, but for the SiLU-gated product that is the down projection's bf16 input; our panel
+kernel takes float32 inputs and sums in float32), at the price of log-probabilities that differ from the trainer's, which the trainer then treats as another
 engine's (``HFBackend.same_logprobs_as_trainer``).
 
 Which matmul kernel (:mod:`posttrain.models.decode_kernels`) serves a step depends on its width
-and on the CPU. Steps of more than :data:`NARROW_ROWS` rows run on oneDNN's packed bf16 weights
-when decoding in bf16 on a CPU with bf16 units (1.4-1.75x faster decoding), otherwise on the
-float32 kernel measured fastest at 16 rows (:func:`~posttrain.models.cpu_probe.wide_decode_kernel`;
-without bf16 units a bf16 matmul is emulated, slower than float32's): on a Zen 3 EPYC our own
-panel kernel (:mod:`posttrain.models.panel_linear`), 39-42 ms for the default model's matmuls
-instead of oneDNN's 55-57. A narrower step is bound by reading the weights, and takes the kernel
-measured fastest at one row on this CPU (:func:`~posttrain.models.cpu_probe.narrow_decode_kernel`),
-a bf16 one only when decoding in bf16: on a Zen 3 EPYC, the panel kernel in float32 (22-26 ms
-instead of 30-36 ms on packed float32) and plain bf16 weights in bf16, which PyTorch's
-matrix-vector kernel widens as it reads half the bytes (24 ms); on an Intel Xeon with AMX, MKL's
-on plain float32 weights (36 ms instead of 49 ms packed, 40 ms packed bf16). Each copy of the weights is made the first time a step needs it. Models this
-module does not recognise (other architectures, biases in the MLP or the output projection,
-sliding windows, a non-SiLU activation) use the generic path.
+and on the CPU: each step takes the kernel measured fastest here at its width, one row for steps
+of up to :data:`NARROW_ROWS` rows (bound by reading the weights) and 16 rows above
+(:func:`~posttrain.models.cpu_probe.narrow_decode_kernel`,
+:func:`~posttrain.models.cpu_probe.wide_decode_kernel`), a bf16 one only when decoding in bf16. On
+a Zen 3 EPYC (AVX2 only) that is our own panel kernel (:mod:`posttrain.models.panel_linear`) at
+both widths: the default model's matmuls at 16 rows in 39-42 ms instead of oneDNN's 55-57; the
+probe's 16 layers at one row in 9.7 ms instead of 13.5 ms packed float32, and with bf16 weights
+(half the bytes) in 5.2 ms instead of 7.8 ms on PyTorch's plain bf16 kernel. With bf16 units
+(AVX512-BF16, AMX) oneDNN's packed bf16 weights decode 1.4-1.75x faster than float32; without them
+a bf16 matmul of many rows is emulated, slower than float32's. On an Intel Xeon with AMX, one-row
+steps were fastest on MKL's plain float32 weights (36 ms instead of 49 ms packed, 40 ms packed bf16).
+Each copy of the weights is made the first time a step needs it. Models this module does not
+recognise (other architectures, biases in the MLP or the output projection, sliding windows, a
+non-SiLU activation) use the generic path.
 """
 
 from __future__ import annotations
