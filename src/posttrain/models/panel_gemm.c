@@ -29,11 +29,11 @@ typedef float f32;
 
 typedef uint16_t bf16;
 
-static inline __m256 load_f32(const f32 *p) { return _mm256_load_ps(p); }
+static inline __m256 load_f32(const f32 *p) { return _mm256_loadu_ps(p); }
 
 /* 8 bf16 values widened to float32: a bf16 is the top half of a float32's bits. */
 static inline __m256 load_bf16(const bf16 *p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_load_si128((const __m128i *)p)), 16));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
 #define MICRO(T, MR)                                                                                \
@@ -59,7 +59,7 @@ static inline __m256 load_bf16(const bf16 *p) {
         }                                                                                           \
     }
 
-/* y [M, N] = x [M, K] W^T (+ bias [N] when not NULL); wp [ceil(N / 16), K, 16], 32-byte aligned, outputs
+/* y [M, N] = x [M, K] W^T (+ bias [N] when not NULL); wp [ceil(N / 16), K, 16] (any alignment), outputs
  * past N zero. */
 #define LINEAR(T)                                                                                   \
     MICRO(T, 1) MICRO(T, 2) MICRO(T, 3) MICRO(T, 4) MICRO(T, 5) MICRO(T, 6)                         \

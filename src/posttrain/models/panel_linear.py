@@ -126,7 +126,6 @@ def pack(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> PanelWeigh
         raise ValueError(f"the panel kernel reads float32 or bfloat16 weights, not {dtype}")
     outputs, inputs = weight.shape
     padded = F.pad(weight.detach().to(dtype), (0, 0, 0, -outputs % PANEL))
-    # A new contiguous tensor: PyTorch aligns CPU allocations to 64 bytes, as the kernel's loads need.
     panels = padded.view(-1, PANEL, inputs).transpose(1, 2).contiguous()
     return PanelWeight(panels, outputs)
 
