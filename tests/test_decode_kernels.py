@@ -1,12 +1,16 @@
 """Every decode kernel computes the same matmul, and each decode step runs on the kernel chosen for it."""
 
+import platform
+import shutil
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from posttrain.models.cpu_probe import narrow_decode_kernel, narrow_decode_seconds, wide_decode_kernel
 from posttrain.models import panel_linear
+from posttrain.models.cpu_probe import narrow_decode_kernel, narrow_decode_seconds, wide_decode_kernel
 from posttrain.models.decode_kernels import FP32_KERNELS, KERNELS
+from posttrain.models.probe_cache import cpuinfo
 from posttrain.rollout.fast_decode import NARROW_ROWS, DecodeWeights, StaticCache, decode_step
 
 
@@ -47,15 +51,11 @@ def test_float32_kernels_give_the_models_own_logits_at_one_row(tiny_model, token
     with torch.no_grad():
         expected = tiny_model(input_ids=torch.cat([ids, token[:, None]], 1)).logits[:, -1]
     assert torch.allclose(logits, expected, atol=1e-4)
-    assert weights.kernel(1) == narrow_decode_kernel(False) and weights.kernel(NARROW_ROWS + 1) == wide_decode_kernel(False)
+    assert weights.kernel(1) == narrow_decode_kernel(False)
+    assert weights.kernel(NARROW_ROWS + 1) == wide_decode_kernel(False)
 
 
 def _can_build_panel_kernel() -> bool:
-    import platform
-    import shutil
-
-    from posttrain.models.probe_cache import cpuinfo
-
     return (platform.machine() == "x86_64" and {"avx2", "fma"} <= set(cpuinfo().get("flags", "").split())
             and shutil.which("cc") is not None)
 

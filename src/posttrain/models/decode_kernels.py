@@ -59,5 +59,5 @@ FP32_KERNELS = ("packed fp32", "plain fp32", "panel fp32")
 
 def definitions() -> str:
     """This module's source and the panel kernel's C source: what timings of these kernels depend on
-    in our code (:func:`posttrain.models.cpu_probe.narrow_decode_seconds` is measured again when it changes)."""
+    in our code (the decode-kernel probes of :mod:`posttrain.models.cpu_probe` measure again when it changes)."""
     return inspect.getsource(sys.modules[__name__]) + panel_linear.SOURCE.read_text()

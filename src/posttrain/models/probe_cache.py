@@ -10,9 +10,9 @@ first processes from measuring at once). Delete the file to measure again.
 
 The file is keyed by what the timings depend on: the CPU (model and flags), torch's version and the
 number of threads torch runs matmuls on; each value by its function's name and source (and the
-code it measures, where that lives elsewhere), so that a changed measurement is taken again. It lives in ``$POSTTRAIN_CACHE_DIR``, else
-``$XDG_CACHE_HOME/posttrain``, else ``~/.cache/posttrain``; where that cannot be written, each process
-measures for itself.
+code it measures, where that lives elsewhere), so that a changed measurement is taken again. It
+lives in ``$POSTTRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/posttrain``, else ``~/.cache/posttrain``;
+where that cannot be written, each process measures for itself.
 """
 
 from __future__ import annotations
