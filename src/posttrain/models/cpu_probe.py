@@ -159,8 +159,12 @@ def narrow_decode_kernel(bf16: bool) -> str:
 @functools.cache  # asked at every wide decode step
 def wide_decode_kernel(bf16: bool) -> str:
     """The fastest kernel for decode steps of more than two rows here, measured at 16 rows
-    (:func:`wide_decode_seconds`), a bf16 one only when ``bf16``."""
-    return _fastest(wide_decode_seconds(), bf16)
+    (:func:`wide_decode_seconds`), a bf16 one only when ``bf16`` on a CPU with bf16 units. Without
+    them a wide step is bound by arithmetic, not bytes, and bf16 weights gain nothing: on a Zen 3
+    EPYC the panel kernel's bf16 and float32 copies measured within 10% of each other, in either
+    order from one measurement to the next, so wide steps stay float32 there (the trainer's own
+    log-probabilities for them, as documented for ``rollout.decode_dtype``)."""
+    return _fastest(wide_decode_seconds(), bf16 and has_bf16_units())
 
 
 def narrow_bf16_decode_speedup() -> float:
