@@ -12,11 +12,14 @@ contenders alternating run by run so load from elsewhere hits both alike; the fi
 run is a warm-up and is not timed. Reported per configuration: median seconds per step, completion
 tokens per second, peak resident memory of the process, mean training reward over all steps and
 over the second half of each run's steps, and posttrain's speed-up (TRL s/step / posttrain s/step).
+TRL runs as its users run it: the model from ``from_pretrained`` and glibc's malloc as it comes.
+``--peer-allocator posttrain`` gives TRL's process posttrain's malloc setting too
+(:mod:`posttrain.models.allocator`), which shows what that setting alone is worth to TRL.
 What posttrain's first step costs beyond a steady one is measured on the same work by
 benchmarks/first_step.py.
 
     python benchmarks/grpo_vs_trl.py [--steps 6] [--repeats 2] [--configs full-b0,lora-b0,full-b0.04,lora-b0.04]
-                                     [--out benchmarks/results/grpo_vs_trl.json]
+                                     [--peer-allocator default|posttrain] [--out benchmarks/results/grpo_vs_trl.json]
 
 Run it alone: on a 2-core machine any other process distorts the timings.
 """
@@ -90,14 +93,19 @@ def run_posttrain(lora: bool, beta: float, bf16: bool, steps: int, out_dir: str)
     return records
 
 
-def run_trl(lora: bool, beta: float, bf16: bool, steps: int, out_dir: str) -> list[dict]:
+def run_trl(lora: bool, beta: float, bf16: bool, steps: int, out_dir: str, allocator: str) -> list[dict]:
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from posttrain.envs import make_env
-    from posttrain.models import load_model, load_tokenizer
+    from posttrain.models import load_tokenizer
+    from posttrain.models.allocator import keep_freed_memory
+    from posttrain.models.loading import resolve_model_path
+
+    if allocator == "posttrain":
+        keep_freed_memory()
 
     env = make_env("arithmetic", {"difficulty": 1, "num_eval": 100})
     tasks = {t.id: t for t in env.tasks("train")}
@@ -129,18 +137,21 @@ def run_trl(lora: bool, beta: float, bf16: bool, steps: int, out_dir: str) -> li
         max_grad_norm=1.0, weight_decay=0.0,
     )
     peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LORA_TARGETS) if lora else None
-    trainer = GRPOTrainer(model=load_model(MODEL), reward_funcs=arithmetic_reward, args=args, train_dataset=dataset,
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(MODEL), dtype=torch.float32)
+    trainer = GRPOTrainer(model=model, reward_funcs=arithmetic_reward, args=args, train_dataset=dataset,
                           processing_class=load_tokenizer(MODEL), peft_config=peft_config, callbacks=[StepTimer()])
     trainer.train()
     return records
 
 
-def child(contender: str, config: str, steps: int) -> None:
+def child(contender: str, config: str, steps: int, peer_allocator: str) -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     lora, beta, bf16 = parse_config(config)
     with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
-        run = run_posttrain if contender == "posttrain" else run_trl
-        records = run(lora, beta, bf16, steps, tmp)
+        if contender == "posttrain":
+            records = run_posttrain(lora, beta, bf16, steps, tmp)
+        else:
+            records = run_trl(lora, beta, bf16, steps, tmp, peer_allocator)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux reports KiB
     print("RESULT " + json.dumps({"steps": records, "peak_rss_mb": peak_kib / 1024}), flush=True)
 
@@ -148,8 +159,9 @@ def child(contender: str, config: str, steps: int) -> None:
 # ----------------------------------------------------------------------------- driver
 
 
-def one_run(contender: str, config: str, steps: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", contender, "--configs", config, "--steps", str(steps)]
+def one_run(contender: str, config: str, steps: int, peer_allocator: str) -> dict:
+    cmd = [sys.executable, __file__, "--child", contender, "--configs", config, "--steps", str(steps),
+           "--peer-allocator", peer_allocator]
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -176,10 +188,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="runs per contender and configuration")
     parser.add_argument("--configs", default="full-b0,lora-b0,full-b0.04,lora-b0.04")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "grpo_vs_trl.json"))
+    parser.add_argument("--peer-allocator", choices=["default", "posttrain"], default="default",
+                        help="TRL's malloc: glibc's as it comes, or with posttrain's setting")
     parser.add_argument("--child", choices=["posttrain", "trl"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.child, args.configs, args.steps)
+        return child(args.child, args.configs, args.steps, args.peer_allocator)
     if args.steps < 2:
         raise SystemExit("--steps must be at least 2: the first step of each run is a warm-up")
     from rich.console import Console
@@ -195,7 +209,7 @@ def main() -> None:
             # Alternate which contender goes first, so neither always runs on a cooler machine.
             order = ["posttrain", "trl"] if repeat % 2 == 0 else ["trl", "posttrain"]
             for contender in order:
-                runs[config][contender].append(one_run(contender, config, args.steps))
+                runs[config][contender].append(one_run(contender, config, args.steps, args.peer_allocator))
                 print(f"  {config} {contender} run {repeat + 1}: "
                       f"{statistics.median(s['seconds'] for s in runs[config][contender][-1]['steps'][1:]):.2f} s/step",
                       flush=True)
@@ -203,11 +217,13 @@ def main() -> None:
 
     table = Table(title=f"GRPO step: {PROMPTS_PER_STEP} prompts x {GENERATIONS} generations, <= {MAX_NEW_TOKENS} "
                         f"tokens, SmolLM2-135M fp32, {os.cpu_count()} cores; medians of {args.repeats} x "
-                        f"{args.steps - 1} timed steps; load {load_before:.1f} -> {load_after:.1f}")
+                        f"{args.steps - 1} timed steps; TRL on {args.peer_allocator} malloc; "
+                        f"load {load_before:.1f} -> {load_after:.1f}")
     for col in ("config", "contender", "s/step", "completion tok/s", "peak RSS MB", "reward", "reward 2nd half",
                 "speed-up"):
         table.add_column(col, justify="left" if col in ("config", "contender") else "right")
-    result: dict = {"prompts_per_step": PROMPTS_PER_STEP, "generations": GENERATIONS, "max_new_tokens": MAX_NEW_TOKENS,
+    result: dict = {"peer_allocator": args.peer_allocator, "prompts_per_step": PROMPTS_PER_STEP,
+                    "generations": GENERATIONS, "max_new_tokens": MAX_NEW_TOKENS,
                     "steps_per_run": args.steps, "repeats": args.repeats, "load_average": [load_before, load_after],
                     "configs": {}}
     for config in configs:
