@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posttrain.models import panel_linear
+from posttrain.models import decode_attention, panel_linear
 from posttrain.models.cpu_probe import narrow_decode_kernel, narrow_decode_seconds, wide_decode_kernel
 from posttrain.models.decode_kernels import FP32_KERNELS, KERNELS
 from posttrain.models.probe_cache import cpuinfo
-from posttrain.rollout.fast_decode import NARROW_ROWS, DecodeWeights, StaticCache, decode_step
+from posttrain.rollout.fast_decode import NARROW_ROWS, DecodeWeights, StaticCache, attend, decode_step, rotate
 
 
 @pytest.mark.parametrize("name", list(KERNELS))
@@ -37,12 +37,16 @@ def test_narrow_steps_take_the_fastest_kernel_measured_here_and_float32_stays_fl
     assert seconds[narrow_decode_kernel(False)] == min(seconds[k] for k in FP32_KERNELS)
 
 
+@pytest.mark.parametrize("native_attention", [True, False])
 @pytest.mark.parametrize("name", FP32_KERNELS)
-def test_float32_kernels_give_the_models_own_logits_at_one_row(tiny_model, tokenizer, name):
+def test_float32_kernels_give_the_models_own_logits_at_one_row(tiny_model, tokenizer, name, native_attention):
     ids = torch.tensor([tokenizer.encode("What is 2 + 3?")])
     with torch.no_grad():
         out = tiny_model(input_ids=ids, use_cache=True)
     weights = DecodeWeights(tiny_model, rows=1)
+    if native_attention and not weights.native_attention:
+        pytest.skip("our attention kernel does not run (or is not the faster) here")
+    weights.native_attention = native_attention  # both attention paths, where both run
     cache = StaticCache([layer.keys for layer in out.past_key_values.layers],
                         [layer.values for layer in out.past_key_values.layers], torch.ones_like(ids), ids.shape[1] + 1)
     cos, signed_sin = weights.rotary_tables(ids.shape[1] + 1)
@@ -97,3 +101,53 @@ def test_a_failed_panel_build_says_why_and_the_other_kernels_serve(monkeypatch, 
             KERNELS["panel fp32"].prepare(torch.randn(16, 16), 1)
     finally:
         panel_linear._library.cache_clear()
+
+
+def test_attention_kernel_builds_wherever_it_can_run():
+    """Not a silent fallback: on an x86-64 CPU with AVX2 and a C compiler, a broken build fails here."""
+    if not _can_build_panel_kernel():
+        pytest.skip("the attention kernel needs x86-64 with AVX2/FMA and a C compiler")
+    assert decode_attention.unavailable_reason() is None
+
+
+def _pytorch_attention(qkv, cos, signed_sin, keys, values, col, bias, heads):
+    kv_heads = keys.shape[1]
+    qk = rotate(qkv[:, : heads + kv_heads].float(), cos.unsqueeze(1), signed_sin.unsqueeze(1))
+    keys[:, :, col], values[:, :, col] = qk[:, heads:], qkv[:, heads + kv_heads :]
+    return attend(qk[:, :heads], keys[:, :, : col + 1].float(), values[:, :, : col + 1].float(),
+                  bias[..., : col + 1])
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qkv_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,heads,kv_heads,dim,col", [(1, 9, 3, 64, 0), (3, 4, 2, 16, 5), (5, 4, 4, 24, 7),
+                                                         (2, 8, 1, 128, 40), (33, 9, 3, 64, 97)])
+def test_attention_kernel_computes_what_pytorchs_operations_compute(rows, heads, kv_heads, dim, col, qkv_dtype,
+                                                                     cache_dtype):
+    """Rotary embedding, the cache write (the same bits as PyTorch writes) and grouped-query
+    attention over the columns so far, with left padding masked, for any row count and head shape."""
+    if decode_attention.unavailable_reason():
+        pytest.skip(decode_attention.unavailable_reason())
+    torch.manual_seed(col)
+    capacity = col + 3
+    qkv = torch.randn(rows, heads + 2 * kv_heads, dim).to(qkv_dtype)
+    cos, signed_sin = torch.randn(rows, dim), torch.randn(rows, dim)
+    keys, values = (torch.randn(rows, kv_heads, capacity, dim).to(cache_dtype) for _ in range(2))
+    bias = torch.zeros(rows, 1, 1, capacity)
+    bias[0, ..., : col // 2] = float("-inf")  # the first row's prompt is left-padded
+    expected_keys, expected_values = keys.clone(), values.clone()
+    expected = _pytorch_attention(qkv, cos, signed_sin, expected_keys, expected_values, col, bias, heads)
+    out = decode_attention.append_and_attend(qkv, cos, signed_sin, keys, values, col, bias, heads)
+    assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
+    assert torch.allclose(out, expected, atol=1e-5)
+
+
+def test_attention_kernel_rejects_a_cache_that_does_not_fit():
+    if decode_attention.unavailable_reason():
+        pytest.skip(decode_attention.unavailable_reason())
+    qkv, cos = torch.randn(2, 8, 16), torch.randn(2, 16)
+    keys = torch.zeros(2, 2, 4, 16)
+    with pytest.raises(ValueError, match="do not fit 6 query heads"):
+        decode_attention.append_and_attend(qkv, cos, cos, keys, keys.clone(), 0, torch.zeros(2, 1, 1, 4), 6)
+    with pytest.raises(ValueError, match="column 4 is outside the cache"):
+        decode_attention.append_and_attend(qkv, cos, cos, keys, keys.clone(), 4, torch.zeros(2, 1, 1, 4), 4)

@@ -11,36 +11,25 @@ to float32 as they are read (half the bytes), and the sums float32. Measured the
 default model's float32 matmuls (30 layers and the head, medians): 1 row 22-26 ms (oneDNN 31-33),
 4 rows 22 (35), 16 rows 39-42 (55-57), 64 rows 125 (149).
 
-It is compiled once per machine into the posttrain cache directory (next to the CPU probe's
-file: :func:`posttrain.models.probe_cache.cache_dir`) with ``$CC`` or ``cc``, ``-O3 -mavx2 -mfma
--fopenmp``, and loaded with ctypes; no Python headers are involved, so the build takes about a
-second. It runs on PyTorch's own OpenMP runtime and thread count. Where it cannot be built (not
-x86-64, no AVX2 and FMA, no C compiler) :func:`unavailable_reason` says why and the decode kernels
-that PyTorch ships serve every step; where it can, :mod:`posttrain.models.cpu_probe` still uses it
-only where it measured faster.
+It is built on first use (:mod:`posttrain.models.native`). Where it cannot be built
+:func:`unavailable_reason` says why and the decode kernels that PyTorch ships serve every step;
+where it can, :mod:`posttrain.models.cpu_probe` still uses it only where it measured faster.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from posttrain.models.probe_cache import cache_dir, cpuinfo
+from posttrain.models import native
 
 SOURCE = Path(__file__).with_name("panel_gemm.c")
 PANEL = 16  # outputs per panel, as in panel_gemm.c
-COMPILE_FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 
 
 @dataclass(frozen=True)
@@ -52,53 +41,12 @@ class PanelWeight:
     outputs: int
 
 
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def _build(compiler: str) -> Path:
-    """The shared library, compiled unless this source was already compiled with this compiler and flags."""
-    key = hashlib.sha256(f"{SOURCE.read_text()} {compiler} {COMPILE_FLAGS}".encode()).hexdigest()[:16]
-    for root in (cache_dir(), Path(tempfile.gettempdir()) / f"posttrain-{os.getuid()}"):
-        library = root / f"panel_gemm-{key}.so"
-        if library.exists():
-            return library
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-        except OSError:  # a read-only home directory: the temporary directory
-            continue
-        if not os.access(root, os.W_OK):
-            continue
-        partial = root / f"panel_gemm-{key}.{os.getpid()}.so"
-        try:
-            result = subprocess.run([compiler, *COMPILE_FLAGS, str(SOURCE), "-o", str(partial)],
-                                    capture_output=True, text=True, timeout=120)
-        except subprocess.TimeoutExpired:
-            raise OSError(f"{compiler} did not build {SOURCE.name} within 120 s") from None
-        if result.returncode != 0:
-            partial.unlink(missing_ok=True)
-            lines = result.stderr.strip().splitlines() or [f"exit status {result.returncode}"]
-            raise OSError(f"{compiler} could not build {SOURCE.name}: {lines[-1]}")
-        partial.replace(library)  # another process loading it never sees half a file
-        return library
-    raise OSError("no writable directory for the compiled kernel")
-
-
 @functools.cache
 def _library() -> ctypes.CDLL | str:
     """The loaded kernel, or why there is none."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return f"not an x86-64 CPU ({platform.machine()})"
-    flags = set(cpuinfo().get("flags", "").split())
-    if not {"avx2", "fma"} <= flags:
-        return "the CPU has no AVX2 and FMA"
-    compiler = _compiler()
-    if compiler is None:
-        return "no C compiler (cc, or $CC)"
-    try:
-        lib = ctypes.CDLL(str(_build(compiler)))
-    except OSError as e:
-        return str(e)
+    lib = native.load(SOURCE)
+    if isinstance(lib, str):
+        return lib
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     for function in (lib.panel_linear_f32, lib.panel_linear_bf16):
         function.argtypes = [pointer, size, size, pointer, size, pointer, pointer, ctypes.c_int]

@@ -45,7 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posttrain.models.cpu_probe import narrow_decode_kernel, wide_decode_kernel
+from posttrain.models import decode_attention
+from posttrain.models.cpu_probe import native_attention_pays, narrow_decode_kernel, wide_decode_kernel
 from posttrain.models.decode_kernels import KERNELS, Kernel, Linear
 from posttrain.models.packed_linear import _mergeable_lora, packing_available
 
@@ -149,8 +150,15 @@ class DecodeWeights:
         self.embed = decoder.embed_tokens.weight
         self.rotary = decoder.rotary_emb
         self.final_norm = decoder.norm.weight
+        # rotary embedding, cache write and attention in one call per layer where our kernel is faster
+        self.native_attention = (decode_attention.supports(self.head_dim, self.heads, self.kv_heads)
+                                 and native_attention_pays())
         self._copies: dict[str, Matmuls] = {}
         self.matmuls(rows)  # raises ValueError now, not mid-generation, for a layer we do not know
+        # bf16 keys and values (half the bytes to read) when every step decodes in bf16; wide steps that
+        # stay float32 (no bf16 units) keep the trainer's own log-probabilities, so a float32 cache
+        wide_bf16 = KERNELS[self.kernel(NARROW_ROWS + 1)].dtype == torch.bfloat16
+        self.cache_dtype = torch.bfloat16 if wide_bf16 and self.native_attention else torch.float32
 
     def kernel(self, rows: int) -> str:
         """The name of the kernel a step of ``rows`` rows runs on (module docstring)."""
@@ -212,21 +220,23 @@ class StaticCache:
     """Keys and values of every layer, ``[rows, kv_heads, capacity, head_dim]``, filled column by column.
 
     Prompts are left-padded to one width, so every row writes its next token at the same column;
-    ``bias`` is the additive attention mask (``-inf`` at padding) over the columns so far.
+    ``bias`` is the additive attention mask (``-inf`` at padding) over the columns so far. The
+    cache is ``dtype`` (:attr:`DecodeWeights.cache_dtype`) whatever the prefill's: a bf16-autocast
+    prefill's keys are widened to a float32 cache, float32 ones rounded into a bf16 cache.
     """
 
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor, capacity: int):
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], mask: torch.Tensor, capacity: int,
+                 dtype: torch.dtype = torch.float32):
         rows, kv_heads, width, head_dim = keys[0].shape
         self.length = width
-        self.keys = [self._grow(k, capacity) for k in keys]
-        self.values = [self._grow(v, capacity) for v in values]
+        self.keys = [self._grow(k, capacity, dtype) for k in keys]
+        self.values = [self._grow(v, capacity, dtype) for v in values]
         self.bias = torch.zeros(rows, 1, 1, capacity)
         self.bias[:, 0, 0, :width].masked_fill_(mask == 0, float("-inf"))
 
     @staticmethod
-    def _grow(t: torch.Tensor, capacity: int) -> torch.Tensor:
-        # float32 whatever the prefill's dtype: a bf16-autocast prefill's keys are widened here
-        out = t.new_zeros(t.shape[0], t.shape[1], capacity, t.shape[3], dtype=torch.float32)
+    def _grow(t: torch.Tensor, capacity: int, dtype: torch.dtype) -> torch.Tensor:
+        out = t.new_zeros(t.shape[0], t.shape[1], capacity, t.shape[3], dtype=dtype)
         out[:, :, : t.shape[2]] = t
         return out
 
@@ -256,17 +266,24 @@ def decode_step(w: DecodeWeights, cache: StaticCache, tokens: torch.Tensor, cos:
     """
     rows, col = tokens.shape[0], cache.length
     heads, kv_heads, dim = w.heads, w.kv_heads, w.head_dim
-    cos, signed_sin = cos.unsqueeze(1), signed_sin.unsqueeze(1)  # broadcast over heads
+    if w.native_attention:
+        cos, signed_sin = cos.float().contiguous(), signed_sin.float().contiguous()
+    else:
+        cos, signed_sin = cos.unsqueeze(1), signed_sin.unsqueeze(1)  # broadcast over heads
     bias = cache.bias[:, :, :, : col + 1]
     m = matmuls or w.matmuls(rows)
     x = w.embed[tokens]
     for i, layer in enumerate(m.layers):
         h = rms_norm(x, layer.norm1, w.eps)
         qkv = m.linear(layer.qkv, layer.qkv_bias, h).view(rows, heads + 2 * kv_heads, dim)
-        qk = rotate(qkv[:, : heads + kv_heads], cos, signed_sin)
-        cache.keys[i][:, :, col] = qk[:, heads:]
-        cache.values[i][:, :, col] = qkv[:, heads + kv_heads :]
-        attended = attend(qk[:, :heads], cache.keys[i][:, :, : col + 1], cache.values[i][:, :, : col + 1], bias)
+        if w.native_attention:
+            attended = decode_attention.append_and_attend(qkv, cos, signed_sin, cache.keys[i], cache.values[i],
+                                                          col, cache.bias, heads)
+        else:
+            qk = rotate(qkv[:, : heads + kv_heads], cos, signed_sin)
+            cache.keys[i][:, :, col] = qk[:, heads:]
+            cache.values[i][:, :, col] = qkv[:, heads + kv_heads :]
+            attended = attend(qk[:, :heads], cache.keys[i][:, :, : col + 1], cache.values[i][:, :, : col + 1], bias)
         x = x + m.linear(layer.out, None, attended)
         h = rms_norm(x, layer.norm2, w.eps)
         gate, up = m.linear(layer.gate_up, None, h).chunk(2, dim=-1)

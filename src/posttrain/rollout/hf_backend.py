@@ -113,7 +113,7 @@ class HFBackend:
         fast = self._weights
         if fast is not None:  # the prompt's keys and values move into a cache with room for every new token
             cache = StaticCache([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers],
-                                mask, width + params.max_new_tokens)
+                                mask, width + params.max_new_tokens, fast.cache_dtype)
             cos, signed_sin = fast.rotary_tables(int(next_pos.max()) + params.max_new_tokens)
         for step in range(params.max_new_tokens):
             tok, lp = sample_next(logits, params.temperature, params.top_p, self.generator)
