@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import platform
 
+from posttrain.models import decode_layer
 from posttrain.models.cpu_probe import (ONEDNN_TRAINING_THRESHOLD, bf16_decode_speedup, bf16_training_speedup, cpu_flags,
                                         has_bf16_units, narrow_bf16_decode_speedup, narrow_decode_kernel,
+                                        native_layer_pays, native_layer_speedup,
                                         onednn_training_speedup, wide_decode_kernel)
 from posttrain.models.panel_linear import unavailable_reason
 from posttrain.models.probe_cache import cpuinfo, probe_file
@@ -36,7 +38,7 @@ def describe() -> str:
     model, flags = cpu_model_and_flags()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (f"machine: {model}, {os.cpu_count()} cores, flags {' '.join(flags) or 'none of ' + '/'.join(FLAGS)}; "
-            f"{bf16_line()}; fp32 training matmuls on oneDNN vs PyTorch's "
+            f"{bf16_line()}; {layer_line()}; fp32 training matmuls on oneDNN vs PyTorch's "
             f"{onednn_training_speedup():.2f}x (used from {ONEDNN_TRAINING_THRESHOLD}x); "
             f"torch {torch.__version__}; load average {load:.1f}; "
             f"the choices' measurements, taken once on this machine, are kept in {probe_file()}")
@@ -53,3 +55,12 @@ def bf16_line() -> str:
         return (f"bf16 vs fp32: decoding {bf16_decode_speedup():.2f}x, "
                 f"training matmuls {bf16_training_speedup():.2f}x; {narrow}")
     return f"no bf16 units: bf16 vs fp32 one-row decoding {narrow_bf16_decode_speedup():.2f}x; {narrow}"
+
+
+def layer_line() -> str:
+    """What decode steps run a layer's work besides its matmuls on: our kernels where they measured
+    faster, else PyTorch's operations."""
+    if decode_layer.unavailable_reason():
+        return f"decode layers' non-matmul work on PyTorch's operations (no kernels: {decode_layer.unavailable_reason()})"
+    where = "our kernels" if native_layer_pays() else "PyTorch's operations"
+    return f"decode layers' non-matmul work on {where} (ours vs PyTorch's {native_layer_speedup():.2f}x)"

@@ -7,11 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posttrain.models import decode_attention, panel_linear
+from posttrain.models import decode_layer, panel_linear
 from posttrain.models.cpu_probe import narrow_decode_kernel, narrow_decode_seconds, wide_decode_kernel
 from posttrain.models.decode_kernels import FP32_KERNELS, KERNELS
 from posttrain.models.probe_cache import cpuinfo
-from posttrain.rollout.fast_decode import NARROW_ROWS, DecodeWeights, StaticCache, attend, decode_step, rotate
+from posttrain.rollout.fast_decode import (NARROW_ROWS, DecodeWeights, StaticCache, attend, decode_step, rms_norm,
+                                           rotate)
 
 
 @pytest.mark.parametrize("name", list(KERNELS))
@@ -37,16 +38,16 @@ def test_narrow_steps_take_the_fastest_kernel_measured_here_and_float32_stays_fl
     assert seconds[narrow_decode_kernel(False)] == min(seconds[k] for k in FP32_KERNELS)
 
 
-@pytest.mark.parametrize("native_attention", [True, False])
+@pytest.mark.parametrize("native_layer", [True, False])
 @pytest.mark.parametrize("name", FP32_KERNELS)
-def test_float32_kernels_give_the_models_own_logits_at_one_row(tiny_model, tokenizer, name, native_attention):
+def test_float32_kernels_give_the_models_own_logits_at_one_row(tiny_model, tokenizer, name, native_layer):
     ids = torch.tensor([tokenizer.encode("What is 2 + 3?")])
     with torch.no_grad():
         out = tiny_model(input_ids=ids, use_cache=True)
     weights = DecodeWeights(tiny_model, rows=1)
-    if native_attention and not weights.native_attention:
-        pytest.skip("our attention kernel does not run (or is not the faster) here")
-    weights.native_attention = native_attention  # both attention paths, where both run
+    if native_layer and not weights.native_layer:
+        pytest.skip("our decode layer kernels do not run (or are not the faster) here")
+    weights.native_layer = native_layer  # both paths, where both run
     cache = StaticCache([layer.keys for layer in out.past_key_values.layers],
                         [layer.values for layer in out.past_key_values.layers], torch.ones_like(ids), ids.shape[1] + 1)
     cos, signed_sin = weights.rotary_tables(ids.shape[1] + 1)
@@ -103,11 +104,11 @@ def test_a_failed_panel_build_says_why_and_the_other_kernels_serve(monkeypatch, 
         panel_linear._library.cache_clear()
 
 
-def test_attention_kernel_builds_wherever_it_can_run():
+def test_decode_layer_kernels_build_wherever_they_can_run():
     """Not a silent fallback: on an x86-64 CPU with AVX2 and a C compiler, a broken build fails here."""
     if not _can_build_panel_kernel():
-        pytest.skip("the attention kernel needs x86-64 with AVX2/FMA and a C compiler")
-    assert decode_attention.unavailable_reason() is None
+        pytest.skip("the decode layer kernels need x86-64 with AVX2/FMA and a C compiler")
+    assert decode_layer.unavailable_reason() is None
 
 
 def _pytorch_attention(qkv, cos, signed_sin, keys, values, col, bias, heads):
@@ -125,9 +126,10 @@ def _pytorch_attention(qkv, cos, signed_sin, keys, values, col, bias, heads):
 def test_attention_kernel_computes_what_pytorchs_operations_compute(rows, heads, kv_heads, dim, col, qkv_dtype,
                                                                      cache_dtype):
     """Rotary embedding, the cache write (the same bits as PyTorch writes) and grouped-query
-    attention over the columns so far, with left padding masked, for any row count and head shape."""
-    if decode_attention.unavailable_reason():
-        pytest.skip(decode_attention.unavailable_reason())
+    attention over the columns so far, with left padding masked, for any row count and head shape;
+    the result in the activations' dtype."""
+    if decode_layer.unavailable_reason():
+        pytest.skip(decode_layer.unavailable_reason())
     torch.manual_seed(col)
     capacity = col + 3
     qkv = torch.randn(rows, heads + 2 * kv_heads, dim).to(qkv_dtype)
@@ -137,17 +139,59 @@ def test_attention_kernel_computes_what_pytorchs_operations_compute(rows, heads,
     bias[0, ..., : col // 2] = float("-inf")  # the first row's prompt is left-padded
     expected_keys, expected_values = keys.clone(), values.clone()
     expected = _pytorch_attention(qkv, cos, signed_sin, expected_keys, expected_values, col, bias, heads)
-    out = decode_attention.append_and_attend(qkv, cos, signed_sin, keys, values, col, bias, heads)
+    out = decode_layer.append_and_attend(qkv, cos, signed_sin, keys, values, col, bias, heads)
     assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
-    assert torch.allclose(out, expected, atol=1e-5)
+    assert out.dtype == qkv_dtype  # the activations' dtype: what the output projection reads
+    tolerance = 1e-5 if qkv_dtype == torch.float32 else 1e-2
+    assert torch.allclose(out.float(), expected, atol=tolerance, rtol=tolerance)
 
 
 def test_attention_kernel_rejects_a_cache_that_does_not_fit():
-    if decode_attention.unavailable_reason():
-        pytest.skip(decode_attention.unavailable_reason())
+    if decode_layer.unavailable_reason():
+        pytest.skip(decode_layer.unavailable_reason())
     qkv, cos = torch.randn(2, 8, 16), torch.randn(2, 16)
     keys = torch.zeros(2, 2, 4, 16)
     with pytest.raises(ValueError, match="do not fit 6 query heads"):
-        decode_attention.append_and_attend(qkv, cos, cos, keys, keys.clone(), 0, torch.zeros(2, 1, 1, 4), 6)
+        decode_layer.append_and_attend(qkv, cos, cos, keys, keys.clone(), 0, torch.zeros(2, 1, 1, 4), 6)
     with pytest.raises(ValueError, match="column 4 is outside the cache"):
-        decode_attention.append_and_attend(qkv, cos, cos, keys, keys.clone(), 4, torch.zeros(2, 1, 1, 4), 4)
+        decode_layer.append_and_attend(qkv, cos, cos, keys, keys.clone(), 4, torch.zeros(2, 1, 1, 4), 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,hidden", [(1, 576), (3, 20), (64, 576)])
+def test_add_rms_norm_kernel_adds_the_residual_and_normalises_as_pytorch_does(rows, hidden, dtype):
+    if decode_layer.unavailable_reason():
+        pytest.skip(decode_layer.unavailable_reason())
+    torch.manual_seed(rows)
+    x, delta, weight = torch.randn(rows, hidden), torch.randn(rows, hidden).to(dtype), torch.rand(hidden) + 0.5
+    expected_x = x + delta
+    expected = rms_norm(expected_x, weight, 1e-5).to(dtype)
+    out = decode_layer.add_rms_norm(x, delta, weight, 1e-5, dtype)
+    assert torch.equal(x, expected_x)  # the residual stream, updated in place
+    assert out.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # a different sum order can flip a bf16 rounding
+    assert torch.allclose(out.float(), expected.float(), atol=tolerance, rtol=tolerance)
+    assert torch.allclose(decode_layer.add_rms_norm(x, None, weight, 1e-5, dtype).float(), expected.float(),
+                          atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,inter", [(1, 1536), (5, 13), (64, 1536)])
+def test_swiglu_kernel_gates_as_pytorch_does(rows, inter, dtype):
+    if decode_layer.unavailable_reason():
+        pytest.skip(decode_layer.unavailable_reason())
+    torch.manual_seed(inter)
+    gate_up = (torch.randn(rows, 2 * inter) * 4).to(dtype)  # SiLU's far tails included
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    expected = F.silu(gate) * up
+    out = decode_layer.swiglu(gate_up)
+    assert out.dtype == dtype and out.shape == (rows, inter)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    assert torch.allclose(out.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_decode_layer_kernels_reject_mixed_activations():
+    if decode_layer.unavailable_reason():
+        pytest.skip(decode_layer.unavailable_reason())
+    with pytest.raises(ValueError, match="all float32 or all bf16"):
+        decode_layer.add_rms_norm(torch.zeros(2, 8), torch.zeros(2, 8), torch.ones(8), 1e-5, torch.bfloat16)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from posttrain.models import decode_attention
+from posttrain.models import decode_layer
 from posttrain.models.decode_kernels import FP32_KERNELS, KERNELS, definitions
 from posttrain.models.packed_linear import _pack, _packed_linear, packing_available
 from posttrain.models.probe_cache import cpuinfo, stored_per_machine
@@ -184,42 +184,51 @@ def bf16_decoding_speedup() -> float:
     return bf16_decode_speedup() if has_bf16_units() else narrow_bf16_decode_speedup()
 
 
-@stored_per_machine(depends_on=decode_attention.SOURCE.read_text())
-def native_attention_speedup() -> float:
-    """How many times faster our decode attention kernel (:mod:`posttrain.models.decode_attention`)
-    runs one decoder layer's rotary embedding, cache write and attention than PyTorch's operations
-    (:func:`posttrain.rollout.fast_decode.rotate` and :func:`~posttrain.rollout.fast_decode.attend`),
-    at the default model's attention (9 query heads over 3 KV heads of 64) for 16 rows over 128
-    cached columns of a float32 cache, 30 layers' caches in turn; 0 where the kernel cannot be
-    built. On a Zen 4 EPYC it measured 2-5x from 1 to 64 rows."""
-    from posttrain.rollout.fast_decode import attend, rotate
+@stored_per_machine(depends_on=decode_layer.SOURCE.read_text())
+def native_layer_speedup() -> float:
+    """How many times faster our kernels (:mod:`posttrain.models.decode_layer`) run a decoder
+    layer's decode-step work besides its matmuls (two residual adds with RMSNorm, rotary embedding,
+    cache write, attention, SwiGLU) than PyTorch's operations as :mod:`posttrain.rollout.fast_decode`
+    runs them, in float32 at the default model's shapes (576 wide, 9 query heads over 3 KV heads
+    of 64, an MLP of 1536) for 16 rows over 128 cached columns, 30 layers in turn; 0 where the
+    kernels cannot be built. On a Zen 4 EPYC attention alone measured 2-5x from 1 to 64 rows."""
+    from posttrain.rollout.fast_decode import attend, rms_norm, rotate
 
-    heads, kv_heads, dim, rows, col, layers = 9, 3, 64, 16, 127, 30
-    if not decode_attention.supports(dim, heads, kv_heads):
+    hidden, heads, kv_heads, dim, inter, rows, col, layers = 576, 9, 3, 64, 1536, 16, 127, 30
+    if not decode_layer.supports(dim, heads, kv_heads):
         return 0.0
     keys = [torch.randn(rows, kv_heads, col + 1, dim) for _ in range(layers)]
     values = [torch.randn(rows, kv_heads, col + 1, dim) for _ in range(layers)]
     qkv, cos, sin = torch.randn(rows, heads + 2 * kv_heads, dim), torch.randn(rows, dim), torch.randn(rows, dim)
+    x, delta, norm, gate_up = torch.randn(rows, hidden), torch.randn(rows, hidden), torch.rand(hidden), torch.randn(
+        rows, 2 * inter)
     bias = torch.zeros(rows, 1, 1, col + 1)
 
     def ours() -> None:
         for k, v in zip(keys, values):
-            decode_attention.append_and_attend(qkv, cos, sin, k, v, col, bias, heads)
+            decode_layer.add_rms_norm(x, delta, norm, 1e-5, torch.float32)
+            decode_layer.append_and_attend(qkv, cos, sin, k, v, col, bias, heads)
+            decode_layer.add_rms_norm(x, delta, norm, 1e-5, torch.float32)
+            decode_layer.swiglu(gate_up)
 
     def pytorch() -> None:
         for k, v in zip(keys, values):
+            rms_norm(x + delta, norm, 1e-5)
             qk = rotate(qkv[:, : heads + kv_heads], cos.unsqueeze(1), sin.unsqueeze(1))
             k[:, :, col], v[:, :, col] = qk[:, heads:], qkv[:, heads + kv_heads :]
             attend(qk[:, :heads], k, v, bias)
+            rms_norm(x + delta, norm, 1e-5)
+            gate, up = gate_up.chunk(2, dim=-1)
+            torch.nn.functional.silu(gate) * up
 
     with torch.no_grad():
         best = _best_seconds_in_turns({"ours": ours, "pytorch": pytorch})
     return best["pytorch"] / best["ours"]
 
 
-def native_attention_pays() -> bool:
-    """Whether decode steps run their attention on our kernel here: where it measured faster."""
-    return native_attention_speedup() > 1.0
+def native_layer_pays() -> bool:
+    """Whether decode steps run a layer's work besides its matmuls on our kernels here: where they measured faster."""
+    return native_layer_speedup() > 1.0
 
 
 # The oneDNN training path is taken only with a clear margin: on an AMD EPYC (Zen 3, AVX2 only) single

@@ -31,24 +31,28 @@ Linear = Callable[[object, torch.Tensor | None, torch.Tensor], torch.Tensor]  # 
 class Kernel:
     """``prepare(weight, rows)`` makes the copy the kernel reads (``rows``: the batch it is packed
     for; RuntimeError where this CPU cannot run the kernel); ``linear(copy, bias, x)`` is
-    x W^T + b, in the copy's dtype or float32 (a bf16 result is left for the float32 operation that
-    consumes it to promote); ``dtype`` is the copy's and the bias's."""
+    x W^T + b, from inputs in any float dtype, in ``activations``: the dtype of the inputs it
+    computes from and of its results (the copy's, or float32 for the panel kernel, which widens bf16
+    weights as it reads them); ``dtype`` is the copy's and the bias's."""
 
     prepare: Callable[[torch.Tensor, int], object]
     linear: Linear
     dtype: torch.dtype
+    activations: torch.dtype
 
 
 def _plain(dtype: torch.dtype) -> Kernel:
-    return Kernel(lambda w, rows: w.to(dtype).contiguous(), lambda w, b, x: F.linear(x.to(dtype), w, b), dtype)
+    return Kernel(lambda w, rows: w.to(dtype).contiguous(), lambda w, b, x: F.linear(x.to(dtype), w, b),
+                  dtype, dtype)
 
 
 def _packed(dtype: torch.dtype) -> Kernel:
-    return Kernel(lambda w, rows: _pack(w.to(dtype), rows), lambda w, b, x: _packed_linear(w, b, x.to(dtype)), dtype)
+    return Kernel(lambda w, rows: _pack(w.to(dtype), rows), lambda w, b, x: _packed_linear(w, b, x.to(dtype)),
+                  dtype, dtype)
 
 
 def _panel(dtype: torch.dtype) -> Kernel:
-    return Kernel(lambda w, rows: panel_linear.pack(w, dtype), panel_linear.linear, dtype)
+    return Kernel(lambda w, rows: panel_linear.pack(w, dtype), panel_linear.linear, dtype, torch.float32)
 
 
 KERNELS = {"packed fp32": _packed(torch.float32), "plain fp32": _plain(torch.float32),

@@ -1,4 +1,4 @@
-"""Our C kernels (``panel_gemm.c``, ``decode_attention.c``), compiled on first use with the system's C compiler.
+"""Our C kernels (``panel_gemm.c``, ``decode_layer.c``), compiled on first use with the system's C compiler.
 
 Each source is compiled once per machine into the posttrain cache directory (next to the CPU
 probe's file: :func:`posttrain.models.probe_cache.cache_dir`) with ``$CC`` or ``cc``, ``-O3 -mavx2

@@ -8,7 +8,9 @@ rotary-embedding module) as in the matmuls: on the default model at batch 1, abo
 q/k/v matmul, rotary embedding on q and k together, the new key and value written into a
 preallocated cache, grouped-query attention over the cache without repeating the KV heads
 (:func:`attend`), one output matmul, RMSNorm, one fused gate/up matmul and the down
-matmul. Every matmul runs on weights packed once for oneDNN (:mod:`posttrain.models.packed_linear`),
+matmul. Where our C kernels build and measured faster (:mod:`posttrain.models.decode_layer`),
+everything but the matmuls is four calls a layer instead of about 25: each residual add with the
+RMSNorm after it, the rotary embedding, cache write and attention in one, and the SwiGLU. Every matmul runs on weights packed once for oneDNN (:mod:`posttrain.models.packed_linear`),
 with LoRA adapters folded in, exactly as the generic path does.
 
 In float32 the arithmetic is the model's own (same formulas), so the sampled tokens'
@@ -45,8 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posttrain.models import decode_attention
-from posttrain.models.cpu_probe import native_attention_pays, narrow_decode_kernel, wide_decode_kernel
+from posttrain.models import decode_layer
+from posttrain.models.cpu_probe import native_layer_pays, narrow_decode_kernel, wide_decode_kernel
 from posttrain.models.decode_kernels import KERNELS, Kernel, Linear
 from posttrain.models.packed_linear import _mergeable_lora, packing_available
 
@@ -123,15 +125,17 @@ class _Layer:
 @dataclass
 class Matmuls:
     """One copy of the model's projection weights, in the layout and precision of one kernel, and
-    that kernel: ``linear(weight, bias, x)`` is x W^T + b, from float32 (or bf16) inputs, in the
-    weights' dtype. A bf16 result is not widened here: the float32 operation that consumes it
-    (rotary embedding, residual add, the cache write) promotes it in the same pass, and the MLP's
-    SiLU-gated product stays bf16 as the down projection's input."""
+    that kernel: ``linear(weight, bias, x)`` is x W^T + b, computed from and returned in
+    ``activations`` (float32, or bf16 from bf16 weights on PyTorch's and oneDNN's kernels). A bf16
+    result is not widened here: the float32 operation that consumes it (rotary embedding, residual
+    add, the cache write) promotes it in the same pass, and the MLP's SiLU-gated product stays bf16
+    as the down projection's input."""
 
     layers: list[_Layer]
     head: torch.Tensor
     head_bias: torch.Tensor | None
     linear: Linear
+    activations: torch.dtype
 
 
 class DecodeWeights:
@@ -150,15 +154,14 @@ class DecodeWeights:
         self.embed = decoder.embed_tokens.weight
         self.rotary = decoder.rotary_emb
         self.final_norm = decoder.norm.weight
-        # rotary embedding, cache write and attention in one call per layer where our kernel is faster
-        self.native_attention = (decode_attention.supports(self.head_dim, self.heads, self.kv_heads)
-                                 and native_attention_pays())
+        # a layer's work besides its matmuls on our kernels where they measured faster (module docstring)
+        self.native_layer = decode_layer.supports(self.head_dim, self.heads, self.kv_heads) and native_layer_pays()
         self._copies: dict[str, Matmuls] = {}
         self.matmuls(rows)  # raises ValueError now, not mid-generation, for a layer we do not know
         # bf16 keys and values (half the bytes to read) when every step decodes in bf16; wide steps that
         # stay float32 (no bf16 units) keep the trainer's own log-probabilities, so a float32 cache
         wide_bf16 = KERNELS[self.kernel(NARROW_ROWS + 1)].dtype == torch.bfloat16
-        self.cache_dtype = torch.bfloat16 if wide_bf16 and self.native_attention else torch.float32
+        self.cache_dtype = torch.bfloat16 if wide_bf16 and self.native_layer else torch.float32
 
     def kernel(self, rows: int) -> str:
         """The name of the kernel a step of ``rows`` rows runs on (module docstring)."""
@@ -186,7 +189,7 @@ class DecodeWeights:
         if head is None:
             raise ValueError("the output embedding is not a linear layer")
         layers = [self._layer(layer, prepare, kernel.dtype) for layer in self.model.get_decoder().layers]
-        return Matmuls(layers, prepare(head[0]), _cast(head[1], kernel.dtype), kernel.linear)
+        return Matmuls(layers, prepare(head[0]), _cast(head[1], kernel.dtype), kernel.linear, kernel.activations)
 
     @staticmethod
     def _layer(layer: nn.Module, prepare: Callable[[torch.Tensor], torch.Tensor], bias_dtype: torch.dtype) -> _Layer:
@@ -264,29 +267,46 @@ def decode_step(w: DecodeWeights, cache: StaticCache, tokens: torch.Tensor, cos:
     ``matmuls``: the copy of the weights to run on (:meth:`DecodeWeights.copy`); by default the one
     chosen for this many rows.
     """
-    rows, col = tokens.shape[0], cache.length
+    m = matmuls or w.matmuls(tokens.shape[0])
+    step = _native_step if w.native_layer else _pytorch_step
+    logits = step(w, cache, w.embed[tokens], cos, signed_sin, m)
+    cache.length += 1
+    return logits
+
+
+def _pytorch_step(w: DecodeWeights, cache: StaticCache, x: torch.Tensor, cos: torch.Tensor,
+                  signed_sin: torch.Tensor, m: Matmuls) -> torch.Tensor:
+    rows, col = x.shape[0], cache.length
     heads, kv_heads, dim = w.heads, w.kv_heads, w.head_dim
-    if w.native_attention:
-        cos, signed_sin = cos.float().contiguous(), signed_sin.float().contiguous()
-    else:
-        cos, signed_sin = cos.unsqueeze(1), signed_sin.unsqueeze(1)  # broadcast over heads
+    cos, signed_sin = cos.unsqueeze(1), signed_sin.unsqueeze(1)  # broadcast over heads
     bias = cache.bias[:, :, :, : col + 1]
-    m = matmuls or w.matmuls(rows)
-    x = w.embed[tokens]
     for i, layer in enumerate(m.layers):
         h = rms_norm(x, layer.norm1, w.eps)
         qkv = m.linear(layer.qkv, layer.qkv_bias, h).view(rows, heads + 2 * kv_heads, dim)
-        if w.native_attention:
-            attended = decode_attention.append_and_attend(qkv, cos, signed_sin, cache.keys[i], cache.values[i],
-                                                          col, cache.bias, heads)
-        else:
-            qk = rotate(qkv[:, : heads + kv_heads], cos, signed_sin)
-            cache.keys[i][:, :, col] = qk[:, heads:]
-            cache.values[i][:, :, col] = qkv[:, heads + kv_heads :]
-            attended = attend(qk[:, :heads], cache.keys[i][:, :, : col + 1], cache.values[i][:, :, : col + 1], bias)
+        qk = rotate(qkv[:, : heads + kv_heads], cos, signed_sin)
+        cache.keys[i][:, :, col] = qk[:, heads:]
+        cache.values[i][:, :, col] = qkv[:, heads + kv_heads :]
+        attended = attend(qk[:, :heads], cache.keys[i][:, :, : col + 1], cache.values[i][:, :, : col + 1], bias)
         x = x + m.linear(layer.out, None, attended)
         h = rms_norm(x, layer.norm2, w.eps)
         gate, up = m.linear(layer.gate_up, None, h).chunk(2, dim=-1)
         x = x + m.linear(layer.down, None, F.silu(gate) * up)
-    cache.length = col + 1
     return m.linear(m.head, m.head_bias, rms_norm(x, w.final_norm, w.eps))
+
+
+def _native_step(w: DecodeWeights, cache: StaticCache, x: torch.Tensor, cos: torch.Tensor,
+                 signed_sin: torch.Tensor, m: Matmuls) -> torch.Tensor:
+    """:func:`_pytorch_step`'s arithmetic on :mod:`posttrain.models.decode_layer`'s kernels: each
+    residual add is folded into the RMSNorm that follows it, and the activations stay in the matmul
+    kernel's dtype."""
+    rows, col, act = x.shape[0], cache.length, m.activations
+    cos, signed_sin = cos.float().contiguous(), signed_sin.float().contiguous()
+    delta = None  # the last block's output, not yet added to the residual stream x
+    for i, layer in enumerate(m.layers):
+        h = decode_layer.add_rms_norm(x, delta, layer.norm1, w.eps, act)
+        qkv = m.linear(layer.qkv, layer.qkv_bias, h).view(rows, w.heads + 2 * w.kv_heads, w.head_dim)
+        attended = decode_layer.append_and_attend(qkv, cos, signed_sin, cache.keys[i], cache.values[i], col,
+                                                  cache.bias, w.heads)
+        h = decode_layer.add_rms_norm(x, m.linear(layer.out, None, attended), layer.norm2, w.eps, act)
+        delta = m.linear(layer.down, None, decode_layer.swiglu(m.linear(layer.gate_up, None, h)))
+    return m.linear(m.head, m.head_bias, decode_layer.add_rms_norm(x, delta, w.final_norm, w.eps, act))

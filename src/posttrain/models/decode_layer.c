@@ -1,25 +1,19 @@
-/* One decoder layer's attention for a decode step (one new token per row), with AVX2 and FMA:
+/* The work of a decoder layer's decode step besides its matmuls, with AVX2 and FMA: the residual
+ * add and RMSNorm before each matmul block, the SwiGLU between the MLP's matmuls, and attention:
  * rotary embedding of the new query and key, the new key and value written into the static KV
  * cache, and grouped-query attention of each query head over its row's cache.
  *
- * Why our own: at 8 to 64 rows PyTorch runs this as about ten operations a layer (two multiplies,
- * a roll and an add for the rotary embedding, two cache writes, two batched matmuls of 3 x 64 x L
- * per KV head, scale, mask and softmax). The batched matmuls ran at 8 GB/s of cache read on a Zen 4
- * EPYC whose memory streams at about 30 (each is a few hundred tiny GEMMs), and the rotary
- * multiplies of bf16 by float32 at well under a GFLOP/s; together they took a quarter of a 32-row
- * bf16 decode step of the default model. Here one pass per (row, KV head) reads that head's keys
- * and values once, for all the query heads that share them.
+ * Why our own: PyTorch runs this as about 25 operations a layer (an RMSNorm alone is seven, 20 us
+ * at one row on a Zen 4 EPYC for 576 values), and its attention as two batched matmuls of a few
+ * hundred 3 x 64 x L products per layer that read the cache at 8 GB/s where the memory streams at
+ * about 30; at one row that overhead was a third of a bf16 step, at 32 rows a quarter. Here each
+ * is one call: the attention reads each KV head's keys and values once, for all the query heads
+ * that share them.
  *
- * Layout (posttrain.models.decode_attention passes the pointers and strides): qkv [rows, q_heads +
- * 2 kv_heads, dim] (row stride qkv_stride), the projections' output before the rotary embedding,
- * in float32 or bf16; cos and signed_sin [rows, dim] float32 (signed_sin: sin with its first half
- * negated, so the half-split rotation is x cos + roll(x, dim / 2) signed_sin); keys and values
- * [rows, kv_heads, capacity, dim] float32 or bf16; bias [rows, capacity] float32, 0 or -inf (left
- * padding); out [rows, q_heads * dim] float32. Column `col` is written, columns 0..col attended.
- * dim is a multiple of 8. scratch: threads x (group (col + 1) + (group + 1) dim) floats, each
- * thread's scores and rotated query and key.
- *
- * Threads come from PyTorch's own OpenMP runtime (libgomp.so.1), as in panel_gemm.c.
+ * Activations (the matmuls' inputs and outputs) are float32 or bf16 (`T`, the matmul kernel's);
+ * the residual stream, sums and the softmax stay float32. bf16 results are rounded to nearest
+ * even, as PyTorch rounds. Layouts are in posttrain.models.decode_layer's docstrings. Threads come
+ * from PyTorch's own OpenMP runtime (libgomp.so.1), as in panel_gemm.c.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -58,6 +52,16 @@ static inline void store1_bf16(bf16 *p, float x) {
     *p = (bf16)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
+static inline void store8_f32(f32 *p, __m256 v) { _mm256_storeu_ps(p, v); }
+
+/* 8 floats rounded to nearest even bf16 (as store1_bf16, but for NaNs, which activations are not). */
+static inline void store8_bf16(bf16 *p, __m256 v) {
+    __m256i bits = _mm256_castps_si256(v);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i top = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
+    _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1)));
+}
+
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -85,7 +89,7 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(scale)), under);
 }
 
-/* Softmax of s[0..n) in place; returns nothing, s sums to 1. */
+/* Softmax of s[0..n) in place. */
 static void softmax(float *s, int64_t n) {
     float m = -INFINITY;
     for (int64_t j = 0; j < n; j++) m = s[j] > m ? s[j] : m;
@@ -120,10 +124,18 @@ static void softmax(float *s, int64_t n) {
 ROTATE(f32)
 ROTATE(bf16)
 
+/* Attention of one new token per row. qkv [rows, q_heads + 2 kv_heads, dim] (row stride qkv_stride),
+ * the projections' output before the rotary embedding; cos and sin [rows, dim] float32 (sin with its
+ * first half negated); keys and values [rows, kv_heads, capacity, dim]; bias [rows, capacity], 0 or
+ * -inf (left padding); out [rows, q_heads dim]. Column col is written, columns 0..col attended; dim
+ * is a multiple of 8. One work item per (row, KV head): its new key and value into the cache, its
+ * query heads rotated, their scores over the cache, softmax, and the weighted sum of the values.
+ * scratch: threads x (group (col + 1) + (group + 1) dim) floats, each thread's scores, rotated
+ * queries and key. */
 #define ATTEND(TI, TC)                                                                              \
     void decode_attention_##TI##_##TC(const TI *qkv, int64_t qkv_stride, const float *cos,          \
                                       const float *sin, TC *keys, TC *values, int64_t capacity,     \
-                                      int64_t col, const float *bias, float *out, int64_t rows,     \
+                                      int64_t col, const float *bias, TI *out, int64_t rows,        \
                                       int64_t q_heads, int64_t kv_heads, int64_t dim, float scale,  \
                                       float *scratch, int threads) {                                \
         int64_t group = q_heads / kv_heads, length = col + 1;                                       \
@@ -152,9 +164,9 @@ ROTATE(bf16)
                     }                                                                               \
                 }                                                                                   \
                 for (int64_t h = 0; h < group; h++) {                                               \
-                    const float *p = scores + h * length;                                           \
-                    float *o = out + r * q_heads * dim + (g * group + h) * dim;                     \
-                    softmax(scores + h * length, length);                                           \
+                    float *p = scores + h * length;                                                 \
+                    TI *o = out + r * q_heads * dim + (g * group + h) * dim;                        \
+                    softmax(p, length);                                                             \
                     for (int64_t d0 = 0; d0 < dim; d0 += 64) {                                      \
                         int64_t width = dim - d0 < 64 ? dim - d0 : 64;                              \
                         __m256 acc[8];                                                              \
@@ -165,7 +177,7 @@ ROTATE(bf16)
                             for (int64_t v = 0; v < width / 8; v++)                                 \
                                 acc[v] = _mm256_fmadd_ps(pj, load8_##TC(vj + 8 * v), acc[v]);        \
                         }                                                                           \
-                        for (int64_t v = 0; v < width / 8; v++) _mm256_storeu_ps(o + d0 + 8 * v, acc[v]); \
+                        for (int64_t v = 0; v < width / 8; v++) store8_##TI(o + d0 + 8 * v, acc[v]); \
                     }                                                                               \
                 }                                                                                   \
             }                                                                                       \
@@ -176,3 +188,56 @@ ATTEND(f32, f32)
 ATTEND(f32, bf16)
 ATTEND(bf16, f32)
 ATTEND(bf16, bf16)
+
+/* x += delta (when delta is not NULL), then out = weight * (x * 1 / sqrt(mean(x^2) + eps)) per row
+ * (Llama's RMSNorm, each product rounded as PyTorch rounds it); x [rows, hidden] float32, delta
+ * and out [rows, hidden] in T, weight [hidden] float32. */
+#define ADD_RMS_NORM(T)                                                                             \
+    void add_rms_norm_##T(float *x, const T *delta, const float *weight, int64_t rows, int64_t hidden, \
+                          float eps, T *out, int threads) {                                         \
+        _Pragma("omp parallel for schedule(static) num_threads(threads) if (rows * hidden >= 16384)") \
+        for (int64_t r = 0; r < rows; r++) {                                                        \
+            float *xr = x + r * hidden;                                                             \
+            T *o = out + r * hidden;                                                                \
+            if (delta)                                                                              \
+                for (int64_t i = 0; i < hidden; i++) xr[i] += load1_##T(delta + r * hidden + i);     \
+            __m256 acc = _mm256_setzero_ps();                                                       \
+            int64_t i = 0;                                                                          \
+            for (; i + 8 <= hidden; i += 8) {                                                       \
+                __m256 v = _mm256_loadu_ps(xr + i);                                                 \
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));                                      \
+            }                                                                                       \
+            float sum = hsum(acc);                                                                  \
+            for (; i < hidden; i++) sum += xr[i] * xr[i];                                           \
+            float inv = 1.0f / sqrtf(sum / (float)hidden + eps);                                    \
+            for (i = 0; i < hidden; i++) store1_##T(o + i, weight[i] * (xr[i] * inv));               \
+        }                                                                                           \
+    }
+
+ADD_RMS_NORM(f32)
+ADD_RMS_NORM(bf16)
+
+/* out = silu(gate) * up, gate_up [rows, 2 inter] (gate first), out [rows, inter], both in T;
+ * silu(g) = g / (1 + e^-g), in float32. */
+#define SWIGLU(T)                                                                                   \
+    void swiglu_##T(const T *gate_up, int64_t rows, int64_t inter, T *out, int threads) {          \
+        _Pragma("omp parallel for schedule(static) num_threads(threads) if (rows * inter >= 16384)") \
+        for (int64_t r = 0; r < rows; r++) {                                                        \
+            const T *g = gate_up + r * 2 * inter, *u = g + inter;                                   \
+            T *o = out + r * inter;                                                                 \
+            int64_t i = 0;                                                                          \
+            for (; i + 8 <= inter; i += 8) {                                                        \
+                __m256 gv = load8_##T(g + i);                                                       \
+                __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));                            \
+                __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));            \
+                store8_##T(o + i, _mm256_mul_ps(silu, load8_##T(u + i)));                           \
+            }                                                                                       \
+            for (; i < inter; i++) {                                                                \
+                float gi = load1_##T(g + i);                                                        \
+                store1_##T(o + i, gi / (1.0f + expf(-gi)) * load1_##T(u + i));                      \
+            }                                                                                       \
+        }                                                                                           \
+    }
+
+SWIGLU(f32)
+SWIGLU(bf16)
