@@ -231,3 +231,22 @@ def test_bf16_decoding_without_bf16_units_keeps_wide_steps_in_float32(tiny_model
     params = SamplingParams(temperature=1.0, max_new_tokens=8)
     wide = backend.generate(prompts, params, num_samples=2)  # 6 rows throughout: float32's own log-probs
     assert max(_logprob_gaps(tiny_model, [p for p in prompts for _ in range(2)], wide)) < 1e-4
+
+
+def test_shared_prompt_start_is_prefilled_once_and_changes_nothing(tiny_model, tokenizer):
+    """Prompts that share their chat template's system turn: each completion's log-probabilities
+    are still the model's own for the whole sequence (positions and padding right), in both decode
+    loops, with several samples a prompt; prompts that share too little are prefilled whole."""
+    from posttrain.rollout.hf_backend import SHARED_PREFIX_MIN_TOKENS, shared_prefix_length
+
+    prompts = [encode_prompt(tokenizer, p) for p in ["What is 2 + 3?", "Hi", "Name a prime number above 10",
+                                                     "What is 12 * 12?"]]
+    shared = shared_prefix_length(prompts)
+    assert shared >= SHARED_PREFIX_MIN_TOKENS and all(p[:shared] == prompts[0][:shared] for p in prompts)
+    assert shared_prefix_length(prompts[:2]) == 0 and shared_prefix_length([[1, 2], [1, 2], [1, 2]]) == 0
+    params = SamplingParams(temperature=1.0, max_new_tokens=10)
+    for fast_decode in (True, False):
+        backend = HFBackend(tiny_model, tokenizer, seed=3, fast_decode=fast_decode)
+        gens = backend.generate(prompts, params, num_samples=2)
+        expanded = [p for p in prompts for _ in range(2)]
+        assert max(_logprob_gaps(tiny_model, expanded, gens)) < 1e-4

@@ -3,7 +3,8 @@
 Our own decode loop over the model's KV cache rather than ``model.generate``, for three reasons
 that matter for RL on a CPU:
 - it returns the sampled tokens' log-probabilities without keeping every step's logits;
-- each prompt is prefilled once and its cache copied for its ``num_samples`` samples;
+- each prompt is prefilled once and its cache copied for its ``num_samples`` samples, and the
+  start that a call's prompts share (a chat template's system turn) once for all of them;
 - rows that finished (EOS or a stop string) leave the batch, so late decode steps only pay for
   the sequences still running;
 - on CPU, the linear layers run on weights packed once per call for oneDNN (see
@@ -83,20 +84,28 @@ class HFBackend:
     def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams, n: int) -> list[Generation]:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(prompts):  # left padding keeps every row's next position at the end
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        shared = shared_prefix_length(prompts)
         cache = DynamicCache()
         with self._prefill_precision():
+            if shared:  # the prompts' common start, prefilled once for all of them
+                self.model(input_ids=torch.tensor([prompts[0][:shared]], device=self.device), use_cache=True,
+                           logits_to_keep=1, **{self._cache_kwarg: cache})
+                cache.batch_repeat_interleave(len(prompts))
+            rests = [p[shared:] for p in prompts]
+            width = max(len(r) for r in rests)
+            ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros(len(prompts), shared + width, dtype=torch.long)
+            mask[:, :shared] = 1
+            for i, r in enumerate(rests):  # left padding keeps every row's next position at the end
+                ids[i, width - len(r) :] = torch.tensor(r)
+                mask[i, shared + width - len(r) :] = 1
+            ids, mask = ids.to(self.device), mask.to(self.device)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
             logits = self.model(
                 input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
                 **{self._cache_kwarg: cache},
             ).logits[:, -1]
+        width = mask.shape[1]
         if n > 1:
             cache.batch_repeat_interleave(n)
             logits = logits.repeat_interleave(n, 0)
@@ -165,6 +174,25 @@ class HFBackend:
         longest = max(len(s) for s in stop)
         tail = self.tokenizer.decode(tokens[-(longest + 2) :], skip_special_tokens=False)
         return any(s in tail for s in stop)
+
+
+SHARED_PREFIX_MIN_PROMPTS, SHARED_PREFIX_MIN_TOKENS = 3, 8
+
+
+def shared_prefix_length(prompts: list[list[int]]) -> int:
+    """How many leading tokens every prompt shares and is prefilled once for (a chat template's
+    system turn, an agent's instructions), keeping at least one token of each prompt for its own
+    prefill; 0 (no shared prefill) for fewer than 3 prompts or under 8 shared tokens, where the
+    extra forward call costs about what it saves. 32 arithmetic prompts share 27 of their 38-40
+    tokens: the prefill then runs on 443 tokens instead of 1280."""
+    if len(prompts) < SHARED_PREFIX_MIN_PROMPTS:
+        return 0
+    shortest = min(len(p) for p in prompts)
+    first = prompts[0]
+    n = 0
+    while n < shortest - 1 and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n if n >= SHARED_PREFIX_MIN_TOKENS else 0
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
