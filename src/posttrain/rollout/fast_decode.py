@@ -10,8 +10,9 @@ preallocated cache, grouped-query attention over the cache without repeating the
 (:func:`attend`), one output matmul, RMSNorm, one fused gate/up matmul and the down
 matmul. Where our C kernels build and measured faster (:mod:`posttrain.models.decode_layer`),
 everything but the matmuls is four calls a layer instead of about 25: each residual add with the
-RMSNorm after it, the rotary embedding, cache write and attention in one, and the SwiGLU. Every matmul runs on weights packed once for oneDNN (:mod:`posttrain.models.packed_linear`),
-with LoRA adapters folded in, exactly as the generic path does.
+RMSNorm after it, the rotary embedding, cache write and attention in one, and the SwiGLU. Every
+matmul runs on weights packed once for oneDNN (:mod:`posttrain.models.packed_linear`), with LoRA
+adapters folded in, exactly as the generic path does.
 
 In float32 the arithmetic is the model's own (same formulas), so the sampled tokens'
 log-probabilities agree with the trainer's forward pass to float rounding, which the trainer
