@@ -182,9 +182,9 @@ SHARED_PREFIX_MIN_PROMPTS, SHARED_PREFIX_MIN_TOKENS = 3, 8
 def shared_prefix_length(prompts: list[list[int]]) -> int:
     """How many leading tokens every prompt shares and is prefilled once for (a chat template's
     system turn, an agent's instructions), keeping at least one token of each prompt for its own
-    prefill; 0 (no shared prefill) for fewer than 3 prompts or under 8 shared tokens, where the
-    extra forward call costs about what it saves. 32 arithmetic prompts share 27 of their 38-40
-    tokens: the prefill then runs on 443 tokens instead of 1280."""
+    prefill; 0 (no shared prefill) for fewer than 3 prompts or under 8 shared tokens, below which
+    the extra forward call would save little (a judgement, not measured). 32 arithmetic prompts
+    share 27 of their 38-40 tokens: the prefill then runs on 443 tokens instead of 1280."""
     if len(prompts) < SHARED_PREFIX_MIN_PROMPTS:
         return 0
     shortest = min(len(p) for p in prompts)
