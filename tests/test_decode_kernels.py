@@ -111,7 +111,12 @@ def test_decode_layer_kernels_build_wherever_they_can_run():
     assert decode_layer.unavailable_reason() is None
 
 
+needs_decode_layer = pytest.mark.skipif(decode_layer.unavailable_reason() is not None,
+                                        reason=f"no decode layer kernels: {decode_layer.unavailable_reason()}")
+
+
 def _pytorch_attention(qkv, cos, signed_sin, keys, values, col, bias, heads):
+    """PyTorch's operations, attending over the cache as stored (a bf16 cache's new column rounded)."""
     kv_heads = keys.shape[1]
     qk = rotate(qkv[:, : heads + kv_heads].float(), cos.unsqueeze(1), signed_sin.unsqueeze(1))
     keys[:, :, col], values[:, :, col] = qk[:, heads:], qkv[:, heads + kv_heads :]
@@ -119,6 +124,11 @@ def _pytorch_attention(qkv, cos, signed_sin, keys, values, col, bias, heads):
                   bias[..., : col + 1])
 
 
+def _tolerance(dtype: torch.dtype) -> float:
+    return 1e-5 if dtype == torch.float32 else 1e-2  # bf16 keeps 8 bits; a different sum order can flip a rounding
+
+
+@needs_decode_layer
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("qkv_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows,heads,kv_heads,dim,col", [(1, 9, 3, 64, 0), (3, 4, 2, 16, 5), (5, 4, 4, 24, 7),
@@ -128,8 +138,6 @@ def test_attention_kernel_computes_what_pytorchs_operations_compute(rows, heads,
     """Rotary embedding, the cache write (the same bits as PyTorch writes) and grouped-query
     attention over the columns so far, with left padding masked, for any row count and head shape;
     the result in the activations' dtype."""
-    if decode_layer.unavailable_reason():
-        pytest.skip(decode_layer.unavailable_reason())
     torch.manual_seed(col)
     capacity = col + 3
     qkv = torch.randn(rows, heads + 2 * kv_heads, dim).to(qkv_dtype)
@@ -142,13 +150,12 @@ def test_attention_kernel_computes_what_pytorchs_operations_compute(rows, heads,
     out = decode_layer.append_and_attend(qkv, cos, signed_sin, keys, values, col, bias, heads)
     assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
     assert out.dtype == qkv_dtype  # the activations' dtype: what the output projection reads
-    tolerance = 1e-5 if qkv_dtype == torch.float32 else 1e-2
+    tolerance = _tolerance(qkv_dtype)
     assert torch.allclose(out.float(), expected, atol=tolerance, rtol=tolerance)
 
 
+@needs_decode_layer
 def test_attention_kernel_rejects_a_cache_that_does_not_fit():
-    if decode_layer.unavailable_reason():
-        pytest.skip(decode_layer.unavailable_reason())
     qkv, cos = torch.randn(2, 8, 16), torch.randn(2, 16)
     keys = torch.zeros(2, 2, 4, 16)
     with pytest.raises(ValueError, match="do not fit 6 query heads"):
@@ -157,11 +164,10 @@ def test_attention_kernel_rejects_a_cache_that_does_not_fit():
         decode_layer.append_and_attend(qkv, cos, cos, keys, keys.clone(), 4, torch.zeros(2, 1, 1, 4), 4)
 
 
+@needs_decode_layer
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows,hidden", [(1, 576), (3, 20), (64, 576)])
 def test_add_rms_norm_kernel_adds_the_residual_and_normalises_as_pytorch_does(rows, hidden, dtype):
-    if decode_layer.unavailable_reason():
-        pytest.skip(decode_layer.unavailable_reason())
     torch.manual_seed(rows)
     x, delta, weight = torch.randn(rows, hidden), torch.randn(rows, hidden).to(dtype), torch.rand(hidden) + 0.5
     expected_x = x + delta
@@ -169,29 +175,27 @@ def test_add_rms_norm_kernel_adds_the_residual_and_normalises_as_pytorch_does(ro
     out = decode_layer.add_rms_norm(x, delta, weight, 1e-5, dtype)
     assert torch.equal(x, expected_x)  # the residual stream, updated in place
     assert out.dtype == dtype
-    tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # a different sum order can flip a bf16 rounding
+    tolerance = _tolerance(dtype)
     assert torch.allclose(out.float(), expected.float(), atol=tolerance, rtol=tolerance)
     assert torch.allclose(decode_layer.add_rms_norm(x, None, weight, 1e-5, dtype).float(), expected.float(),
                           atol=tolerance, rtol=tolerance)
 
 
+@needs_decode_layer
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows,inter", [(1, 1536), (5, 13), (64, 1536)])
 def test_swiglu_kernel_gates_as_pytorch_does(rows, inter, dtype):
-    if decode_layer.unavailable_reason():
-        pytest.skip(decode_layer.unavailable_reason())
     torch.manual_seed(inter)
     gate_up = (torch.randn(rows, 2 * inter) * 4).to(dtype)  # SiLU's far tails included
     gate, up = gate_up.float().chunk(2, dim=-1)
     expected = F.silu(gate) * up
     out = decode_layer.swiglu(gate_up)
     assert out.dtype == dtype and out.shape == (rows, inter)
-    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    tolerance = _tolerance(dtype)
     assert torch.allclose(out.float(), expected, atol=tolerance, rtol=tolerance)
 
 
+@needs_decode_layer
 def test_decode_layer_kernels_reject_mixed_activations():
-    if decode_layer.unavailable_reason():
-        pytest.skip(decode_layer.unavailable_reason())
     with pytest.raises(ValueError, match="all float32 or all bf16"):
         decode_layer.add_rms_norm(torch.zeros(2, 8), torch.zeros(2, 8), torch.ones(8), 1e-5, torch.bfloat16)

@@ -192,7 +192,7 @@ def native_layer_speedup() -> float:
     runs them, in float32 at the default model's shapes (576 wide, 9 query heads over 3 KV heads
     of 64, an MLP of 1536) for 16 rows over 128 cached columns, 30 layers in turn; 0 where the
     kernels cannot be built. On a Zen 4 EPYC: 2.1-2.3x (attention alone 2-5x from 1 to 64 rows)."""
-    from posttrain.rollout.fast_decode import attend, rms_norm, rotate
+    from posttrain.rollout.fast_decode import rms_norm, torch_append_and_attend
 
     hidden, heads, kv_heads, dim, inter, rows, col, layers = 576, 9, 3, 64, 1536, 16, 127, 30
     if not decode_layer.supports(dim, heads, kv_heads):
@@ -214,9 +214,7 @@ def native_layer_speedup() -> float:
     def pytorch() -> None:
         for k, v in zip(keys, values):
             rms_norm(x + delta, norm, 1e-5)
-            qk = rotate(qkv[:, : heads + kv_heads], cos.unsqueeze(1), sin.unsqueeze(1))
-            k[:, :, col], v[:, :, col] = qk[:, heads:], qkv[:, heads + kv_heads :]
-            attend(qk[:, :heads], k, v, bias)
+            torch_append_and_attend(qkv, cos.unsqueeze(1), sin.unsqueeze(1), k, v, col, bias, heads)
             rms_norm(x + delta, norm, 1e-5)
             gate, up = gate_up.chunk(2, dim=-1)
             torch.nn.functional.silu(gate) * up

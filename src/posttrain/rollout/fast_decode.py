@@ -112,6 +112,20 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torc
     return torch.matmul(scores.softmax(-1), values).reshape(rows, heads * dim)
 
 
+def torch_append_and_attend(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, keys: torch.Tensor,
+                            values: torch.Tensor, col: int, bias: torch.Tensor, heads: int) -> torch.Tensor:
+    """One layer's attention for one new token per row on PyTorch's operations (what
+    :func:`posttrain.models.decode_layer.append_and_attend` does in one call): q and k of ``qkv``
+    ``[rows, heads + 2 kv_heads, dim]`` rotated by ``cos``/``signed_sin`` ``[rows, 1, dim]``, the
+    new key and value written at column ``col`` of the float32 cache, attention over columns 0..col
+    with the mask ``bias`` ``[rows, 1, 1, capacity]``; returns ``[rows, heads * dim]``."""
+    kv_heads = keys.shape[1]
+    qk = rotate(qkv[:, : heads + kv_heads], cos, signed_sin)
+    keys[:, :, col] = qk[:, heads:]
+    values[:, :, col] = qkv[:, heads + kv_heads :]
+    return attend(qk[:, :heads], keys[:, :, : col + 1], values[:, :, : col + 1], bias[..., : col + 1])
+
+
 @dataclass
 class _Layer:
     norm1: torch.Tensor
@@ -278,16 +292,12 @@ def decode_step(w: DecodeWeights, cache: StaticCache, tokens: torch.Tensor, cos:
 def _pytorch_step(w: DecodeWeights, cache: StaticCache, x: torch.Tensor, cos: torch.Tensor,
                   signed_sin: torch.Tensor, m: Matmuls) -> torch.Tensor:
     rows, col = x.shape[0], cache.length
-    heads, kv_heads, dim = w.heads, w.kv_heads, w.head_dim
     cos, signed_sin = cos.unsqueeze(1), signed_sin.unsqueeze(1)  # broadcast over heads
-    bias = cache.bias[:, :, :, : col + 1]
     for i, layer in enumerate(m.layers):
         h = rms_norm(x, layer.norm1, w.eps)
-        qkv = m.linear(layer.qkv, layer.qkv_bias, h).view(rows, heads + 2 * kv_heads, dim)
-        qk = rotate(qkv[:, : heads + kv_heads], cos, signed_sin)
-        cache.keys[i][:, :, col] = qk[:, heads:]
-        cache.values[i][:, :, col] = qkv[:, heads + kv_heads :]
-        attended = attend(qk[:, :heads], cache.keys[i][:, :, : col + 1], cache.values[i][:, :, : col + 1], bias)
+        qkv = m.linear(layer.qkv, layer.qkv_bias, h).view(rows, w.heads + 2 * w.kv_heads, w.head_dim)
+        attended = torch_append_and_attend(qkv, cos, signed_sin, cache.keys[i], cache.values[i], col, cache.bias,
+                                           w.heads)
         x = x + m.linear(layer.out, None, attended)
         h = rms_norm(x, layer.norm2, w.eps)
         gate, up = m.linear(layer.gate_up, None, h).chunk(2, dim=-1)

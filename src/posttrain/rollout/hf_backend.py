@@ -92,20 +92,20 @@ class HFBackend:
                            logits_to_keep=1, **{self._cache_kwarg: cache})
                 cache.batch_repeat_interleave(len(prompts))
             rests = [p[shared:] for p in prompts]
-            width = max(len(r) for r in rests)
-            ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros(len(prompts), shared + width, dtype=torch.long)
+            rest_width = max(len(r) for r in rests)
+            ids = torch.full((len(prompts), rest_width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros(len(prompts), shared + rest_width, dtype=torch.long)
             mask[:, :shared] = 1
             for i, r in enumerate(rests):  # left padding keeps every row's next position at the end
-                ids[i, width - len(r) :] = torch.tensor(r)
-                mask[i, shared + width - len(r) :] = 1
+                ids[i, rest_width - len(r) :] = torch.tensor(r)
+                mask[i, shared + rest_width - len(r) :] = 1
             ids, mask = ids.to(self.device), mask.to(self.device)
             positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
             logits = self.model(
                 input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
                 **{self._cache_kwarg: cache},
             ).logits[:, -1]
-        width = mask.shape[1]
+        width = mask.shape[1]  # the prompts' columns in the cache, shared start included
         if n > 1:
             cache.batch_repeat_interleave(n)
             logits = logits.repeat_interleave(n, 0)
