@@ -54,3 +54,26 @@ def test_bf16_inputs_are_attended_to_in_float32(tiny_model):
     assert torch.equal(out, wide.bfloat16())
     out.float().sum().backward()  # gradients reach the bf16 inputs, in their dtype
     assert q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad.float()).all()
+
+
+def test_masked_grouped_query_attention_matches_transformers_sdpa(tiny_model):
+    """With a padding mask, key/value heads are read in place (no repeat_kv copy): same output, and
+    gradients equal up to the order in which each key/value head sums its query heads."""
+    attention = tiny_model.model.layers[0].self_attn
+    assert attention.num_key_value_groups > 1  # tiny-random has grouped-query attention, as SmolLM2
+    g = torch.Generator().manual_seed(3)
+    heads, kv_heads = tiny_model.config.num_attention_heads, tiny_model.config.num_key_value_heads
+    dim = tiny_model.config.hidden_size // heads
+    inputs = [torch.randn(3, n, length, dim, generator=g) for n, length in ((heads, 5), (kv_heads, 9), (kv_heads, 9))]
+    mask = torch.ones(3, 1, 5, 9, dtype=torch.bool).tril(4)
+    mask[1, ..., :3] = False  # left padding
+    outs, grads = [], []
+    for fn in (float32_sdpa, sdpa_attention_forward):
+        q, k, v = (x.clone().requires_grad_() for x in inputs)
+        out, _ = fn(attention, q, k, v, mask, scaling=dim**-0.5, dropout=0.0)
+        out.pow(2).sum().backward()
+        outs.append(out)
+        grads.append((q.grad, k.grad, v.grad))
+    assert torch.equal(outs[0], outs[1])
+    for ours, theirs in zip(*grads):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)

@@ -5,6 +5,7 @@ import torch
 
 from posttrain.algorithms import Normaliser
 from posttrain.config import ConfigError, ModelSection, load_config
+from posttrain.models.cpu_probe import bf16_training_pays, has_bf16_units
 from posttrain.models.device import autocast_dtype, resolve_device, uses_packed_weights
 from posttrain.train import Trainer
 from posttrain.types import Batch
@@ -37,6 +38,18 @@ def test_precision_defaults_follow_the_device():
     assert autocast_dtype(ModelSection(autocast="bfloat16"), cpu) is torch.bfloat16
     assert autocast_dtype(ModelSection(dtype="bfloat16"), cuda) is None  # bf16 weights need no autocast
     assert uses_packed_weights(cfg, cpu) and not uses_packed_weights(cfg, cuda)
+
+
+def test_cpu_autocast_auto_follows_a_bf16_sampler_where_bf16_training_pays():
+    """A float32 sampler keeps training float32 (the sampler's log-probs stay the trainer's own); a bf16
+    sampler takes bf16 training where this machine measured it clearly faster, and only there."""
+    cfg, cpu = ModelSection(), torch.device("cpu")
+    assert autocast_dtype(cfg, cpu, torch.float32) is None
+    assert autocast_dtype(cfg, cpu, torch.bfloat16) is (torch.bfloat16 if bf16_training_pays() else None)
+    assert autocast_dtype(ModelSection(autocast="none"), cpu, torch.bfloat16) is None
+    assert autocast_dtype(ModelSection(dtype="bfloat16"), cpu, torch.bfloat16) is None
+    if not has_bf16_units():  # emulated bf16 is slower than float32: never chosen
+        assert not bf16_training_pays()
 
 
 def _tensors(batch: Batch) -> dict[str, torch.Tensor]:

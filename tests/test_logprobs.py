@@ -161,3 +161,25 @@ def test_bf16_autocast_trains_with_float32_head_and_gradients(tiny_model):
     grads = [p.grad for p in tiny_model.parameters()]
     assert all(g is not None and g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
     tiny_model.zero_grad()
+
+
+def test_lm_head_backward_under_autocast_stays_close_to_float32():
+    """Under bf16 autocast the head's logits stay float32 (exact log-probs) and only its backward matmuls
+    round to bf16: the gradients stay within bf16's rounding of the float32 ones."""
+    from posttrain.models.logprobs import _HeadLogprobs
+
+    g = torch.Generator().manual_seed(4)
+    hidden0, weight0 = torch.randn(40, 64, generator=g), torch.randn(500, 64, generator=g) * 0.2
+    targets = torch.randint(0, 500, (40,), generator=g)
+    runs = []
+    for autocast in (False, True):
+        hidden, weight = hidden0.clone().requires_grad_(), weight0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logp, _ = _HeadLogprobs.apply(hidden, targets, weight, None, False, True)
+        logp.sum().backward()
+        runs.append((logp, hidden.grad, weight.grad))
+    (lp32, gh32, gw32), (lp16, gh16, gw16) = runs
+    assert torch.equal(lp16, lp32)  # the forward does not autocast
+    assert gh16.dtype == gw16.dtype == torch.float32
+    for low, exact in ((gh16, gh32), (gw16, gw32)):
+        assert (low - exact).norm() / exact.norm() < 1e-2

@@ -56,6 +56,10 @@ class _HeadLogprobs(torch.autograd.Function):
     their exponentials), and the entropy is a row-wise dot product rather than a product tensor
     summed: its elementwise work takes about half the time it took through ``logsumexp``, ``exp`` and
     ``(p * log p).sum``.
+
+    Under autocast the logits stay float32 (see :func:`_head_logits`), but backward's two matmuls (the
+    gradients of the hidden rows and of the weight) run in the autocast dtype, as autocast runs every
+    other layer's: the gradients tolerate bf16's rounding, which the log-probabilities do not.
     """
 
     @staticmethod
@@ -63,6 +67,8 @@ class _HeadLogprobs(torch.autograd.Function):
         # Inside onednn_training the head's three matmuls run on oneDNN too (decided here, as
         # backward runs after the block has been left).
         ctx.onednn = onednn_active() and weight.dtype == torch.float32 and weight.device.type == "cpu"
+        device = weight.device.type
+        ctx.grad_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
         shifted = _head_logits(hidden, weight, bias, ctx.onednn)
         peak = shifted.amax(-1, keepdim=True)
         shifted.sub_(peak)  # z - max z: exp cannot overflow
@@ -94,15 +100,18 @@ class _HeadLogprobs(torch.autograd.Function):
             grad = probs.mul_(-grad_logp.unsqueeze(-1))
         grad.scatter_add_(-1, targets.unsqueeze(-1), grad_logp.unsqueeze(-1))
         needs = ctx.needs_input_grad
+        grad_bias = grad.sum(0) if bias is not None and needs[3] else None
         with torch.autocast(hidden.device.type, enabled=False):
-            grad, rows = grad.to(weight.dtype), hidden.to(weight.dtype)
-            if ctx.onednn:
-                grad_hidden = matmul_nt(grad, weight.t()).to(hidden.dtype) if needs[0] else None
+            low = ctx.grad_dtype
+            grad, rows, w = grad.to(low), hidden.to(low), weight.to(low)
+            if ctx.onednn and low == torch.float32:
+                grad_hidden = matmul_nt(grad, w.t()) if needs[0] else None
                 grad_weight = matmul_nt(grad.t(), rows.t()) if needs[2] else None
             else:
-                grad_hidden = (grad @ weight).to(hidden.dtype) if needs[0] else None
+                grad_hidden = grad @ w if needs[0] else None
                 grad_weight = grad.T @ rows if needs[2] else None
-        grad_bias = grad.sum(0) if bias is not None and needs[3] else None
+        grad_hidden = grad_hidden.to(hidden.dtype) if grad_hidden is not None else None
+        grad_weight = grad_weight.to(weight.dtype) if grad_weight is not None else None
         return grad_hidden, None, grad_weight, grad_bias, None, None
 
 

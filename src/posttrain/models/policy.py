@@ -30,12 +30,13 @@ class Policy:
     costs nothing: the reference is the same network with its adapters switched off.
     """
 
-    def __init__(self, model, tokenizer, cfg: ModelSection, need_reference: bool = False):
+    def __init__(self, model, tokenizer, cfg: ModelSection, need_reference: bool = False,
+                 sampler_dtype: torch.dtype = torch.float32):
         self.device = resolve_device(cfg.device)
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
         self.cfg = cfg
-        self.autocast_dtype = autocast_dtype(cfg, self.device)
+        self.autocast_dtype = autocast_dtype(cfg, self.device, sampler_dtype)
         if self.device.type == "cpu":  # CPU attention kernels are slow in bf16 (under autocast): float32 instead
             use_float32_attention(self.model)
         self._reference = None
@@ -48,8 +49,10 @@ class Policy:
                     pack_frozen_linears(frozen)
 
     @classmethod
-    def load(cls, cfg: ModelSection, need_reference: bool = False, checkpoint: str | Path | None = None) -> "Policy":
-        """Load ``cfg.name`` (or a saved checkpoint of it), with LoRA when configured."""
+    def load(cls, cfg: ModelSection, need_reference: bool = False, checkpoint: str | Path | None = None,
+             sampler_dtype: torch.dtype = torch.float32) -> "Policy":
+        """Load ``cfg.name`` (or a saved checkpoint of it), with LoRA when configured. ``sampler_dtype`` is the
+        precision the rollout decodes in, which ``model.autocast: auto`` follows on a CPU."""
         resolve_device(cfg.device)  # a device that is not there fails before the model loads
         if checkpoint is not None:
             path = _model_dir(Path(checkpoint))
@@ -70,7 +73,7 @@ class Policy:
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
-        return cls(model, tokenizer, cfg, need_reference)
+        return cls(model, tokenizer, cfg, need_reference, sampler_dtype)
 
     @property
     def pad_id(self) -> int:

@@ -2,7 +2,7 @@
 
 from posttrain.rollout.backend import Generation, GenerationBackend, SamplingParams
 from posttrain.rollout.episodes import EnvPool, encode_prompt, observation_delta, run_episodes
-from posttrain.rollout.factory import BackendUnavailable, check_backend, make_backend
+from posttrain.rollout.factory import BackendUnavailable, check_backend, make_backend, sampler_dtype
 from posttrain.rollout.hf_backend import HFBackend
 
 __all__ = [
@@ -17,4 +17,5 @@ __all__ = [
     "make_backend",
     "observation_delta",
     "run_episodes",
+    "sampler_dtype",
 ]

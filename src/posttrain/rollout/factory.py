@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 
+import torch
+
 from posttrain.config import ConfigError, RunConfig
+from posttrain.models.cpu_probe import decode_dtype
+from posttrain.models.device import resolve_device
 from posttrain.rollout.backend import GenerationBackend
 from posttrain.rollout.hf_backend import HFBackend
 
@@ -27,6 +31,14 @@ def check_backend(cfg: RunConfig) -> None:
     except Exception as e:  # noqa: BLE001 - any import failure means the same to the user
         raise BackendUnavailable(f"rollout.backend=vllm: vLLM is installed but does not import "
                                  f"({type(e).__name__}: {e}); reinstall '{VLLM_EXTRA}'") from None
+
+
+def sampler_dtype(cfg: RunConfig) -> torch.dtype:
+    """The precision the configured rollout decodes in here: ``rollout.decode_dtype`` (``auto`` resolved by
+    the CPU probe) for the HF backend on a CPU; float32 otherwise (vLLM and CUDA keep their own)."""
+    if cfg.rollout.backend != "hf" or resolve_device(cfg.model.device).type != "cpu":
+        return torch.float32
+    return decode_dtype(cfg.rollout.decode_dtype)
 
 
 def make_backend(cfg: RunConfig, policy, batch_size: int | None = None) -> GenerationBackend:

@@ -20,7 +20,7 @@ from posttrain.envs import EnvError, make_env
 from posttrain.eval import EvalResult, evaluate
 from posttrain.eval.evaluate import merge_results
 from posttrain.models import Policy
-from posttrain.rollout import EnvPool, HFBackend, SamplingParams, check_backend, make_backend, run_episodes
+from posttrain.rollout import EnvPool, HFBackend, SamplingParams, check_backend, make_backend, run_episodes, sampler_dtype
 from posttrain.rollout.env_workers import RayEnvPool
 from posttrain.rollout.ray_runtime import RayRuntime
 from posttrain.rollout.rollout_workers import RolloutWorkers
@@ -73,7 +73,8 @@ class RunContext:
         try:  # Ray's processes must not outlive a run whose setup fails
             self.envs = self.make_envs()
             check_backend(cfg)  # a missing vLLM fails before the model loads
-            self.policy = Policy.load(cfg.model, need_reference=need_reference, checkpoint=checkpoint)
+            self.policy = Policy.load(cfg.model, need_reference=need_reference, checkpoint=checkpoint,
+                                      sampler_dtype=sampler_dtype(cfg))
             self.policy.model.eval()  # trainers switch to train mode for their updates only
             self.dist.broadcast_parameters(self.policy.model)
             self.dist.shard_model(self.policy.model)
