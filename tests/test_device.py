@@ -7,6 +7,7 @@ from posttrain.algorithms import Normaliser
 from posttrain.config import ConfigError, ModelSection, load_config
 from posttrain.models.cpu_probe import bf16_training_pays, has_bf16_units
 from posttrain.models.device import autocast_dtype, resolve_device, uses_packed_weights
+from posttrain.rollout import sampler_dtype
 from posttrain.train import Trainer
 from posttrain.types import Batch
 
@@ -51,6 +52,18 @@ def test_cpu_autocast_auto_follows_a_bf16_sampler_where_bf16_training_pays():
     if not has_bf16_units():  # emulated bf16 is slower than float32: never chosen
         assert not bf16_training_pays()
 
+
+
+def test_the_sampler_precision_that_cpu_autocast_follows():
+    """What the HF backend decodes in on this CPU: the configured decode_dtype where its fast step runs,
+    float32 where it does not (plain weights, vLLM's own engine)."""
+    def cfg(*overrides):
+        return load_config(None, ["model.device=cpu", *overrides])
+
+    assert sampler_dtype(cfg()) is torch.float32  # the field's default
+    assert sampler_dtype(cfg("rollout.decode_dtype=bfloat16")) is torch.bfloat16
+    assert sampler_dtype(cfg("rollout.decode_dtype=bfloat16", "model.pack_weights=false")) is torch.float32
+    assert sampler_dtype(cfg("rollout.decode_dtype=bfloat16", "rollout.backend=vllm")) is torch.float32
 
 def _tensors(batch: Batch) -> dict[str, torch.Tensor]:
     return {name: t for name, t in vars(batch).items() if isinstance(t, torch.Tensor)}

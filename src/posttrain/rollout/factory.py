@@ -35,8 +35,11 @@ def check_backend(cfg: RunConfig) -> None:
 
 def sampler_dtype(cfg: RunConfig) -> torch.dtype:
     """The precision the configured rollout decodes in here: ``rollout.decode_dtype`` (``auto`` resolved by
-    the CPU probe) for the HF backend on a CPU; float32 otherwise (vLLM and CUDA keep their own)."""
-    if cfg.rollout.backend != "hf" or resolve_device(cfg.model.device).type != "cpu":
+    the CPU probe) where the HF backend's fast decode step runs (on a CPU, with packed weights, not under
+    FSDP); float32 otherwise (vLLM and CUDA keep their own). A model the fast step does not support
+    decodes in float32 whatever this says (:class:`HFBackend`)."""
+    if (cfg.rollout.backend != "hf" or resolve_device(cfg.model.device).type != "cpu" or not cfg.model.pack_weights
+            or cfg.train.fsdp):
         return torch.float32
     return decode_dtype(cfg.rollout.decode_dtype)
 
