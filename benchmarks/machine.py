@@ -13,7 +13,8 @@ from posttrain.models import decode_layer
 from posttrain.models.cpu_probe import (ONEDNN_TRAINING_THRESHOLD, bf16_decode_speedup, bf16_training_speedup, cpu_flags,
                                         has_bf16_units, narrow_bf16_decode_speedup, narrow_decode_kernel,
                                         native_layer_pays, native_layer_speedup,
-                                        onednn_training_speedup, wide_decode_kernel)
+                                        onednn_training_speedup, onednn_weight_grad_pays,
+                                        onednn_weight_grad_speedup, wide_decode_kernel)
 from posttrain.models.panel_linear import unavailable_reason
 from posttrain.models.probe_cache import cpuinfo, probe_file
 
@@ -39,7 +40,8 @@ def describe() -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (f"machine: {model}, {os.cpu_count()} cores, flags {' '.join(flags) or 'none of ' + '/'.join(FLAGS)}; "
             f"{bf16_line()}; {layer_line()}; fp32 training matmuls on oneDNN vs PyTorch's "
-            f"{onednn_training_speedup():.2f}x (used from {ONEDNN_TRAINING_THRESHOLD}x); "
+            f"{onednn_training_speedup():.2f}x (used from {ONEDNN_TRAINING_THRESHOLD}x), their weight gradients on "
+            f"{'oneDNN' if onednn_weight_grad_pays() else 'MKL'} (oneDNN vs MKL {onednn_weight_grad_speedup():.2f}x); "
             f"torch {torch.__version__}; load average {load:.1f}; "
             f"the choices' measurements, taken once on this machine, are kept in {probe_file()}")
 

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 CHOICES = """
 import json
@@ -24,7 +25,9 @@ def test_the_first_process_measures_and_later_ones_choose_from_its_file(tmp_path
     first = choices(tmp_path)
     [stored] = tmp_path.glob("cpu-probe-*.json")
     data = json.loads(stored.read_text())
-    assert {key.split()[0] for key in data} == {"onednn_training_speedup", "narrow_decode_seconds"}
+    # The oneDNN training probe runs layers whose weight gradients follow a probe of their own.
+    assert {key.split()[0] for key in data} == {"onednn_training_speedup", "onednn_weight_grad_speedup",
+                                                "narrow_decode_seconds"}
     assert choices(tmp_path) == first
 
     # The file decides, not a new measurement: make the slowest float32 kernel the fastest on record.
@@ -43,7 +46,7 @@ def test_a_damaged_file_is_measured_again_and_an_unwritable_place_measures_in_pr
     stored.write_text('{"onednn_training_spe')  # cut short
     choices(tmp_path)
     assert {key.split()[0] for key in json.loads(stored.read_text())} == \
-        {"onednn_training_speedup", "narrow_decode_seconds"}
+        {"onednn_training_speedup", "onednn_weight_grad_speedup", "narrow_decode_seconds"}
 
     blocked = tmp_path / "file"
     blocked.write_text("")  # a directory cannot be made under a file
@@ -66,3 +69,27 @@ def test_a_measurement_is_taken_again_when_the_code_it_measures_changes(tmp_path
     another_process = stored_per_machine(depends_on="kernels a")(measure)
     changed = stored_per_machine(depends_on="kernels a, b")(measure)
     assert (first(), another_process(), changed()) == (1, 1, 2)
+
+
+def test_a_measurement_that_takes_another_keeps_both(tmp_path, monkeypatch):
+    """A probe may call another while it measures (the oneDNN training probe's layers consult the
+    weight-gradient probe): the process must not wait on its own lock, and both values are kept."""
+    from posttrain.models.probe_cache import probe_file, stored_per_machine
+
+    monkeypatch.setenv("POSTTRAIN_CACHE_DIR", str(tmp_path))
+
+    def inner() -> float:
+        return 2.0
+
+    inner_probe = stored_per_machine(inner)
+
+    def outer() -> float:
+        return inner_probe() + 1.0
+
+    results = []
+    worker = threading.Thread(target=lambda: results.append(stored_per_machine(outer)()), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert results == [3.0], "the nested measurement waited on this process's own lock"
+    assert {key.split()[0]: value for key, value in json.loads(probe_file().read_text()).items()} == \
+        {"inner": 2.0, "outer": 3.0}

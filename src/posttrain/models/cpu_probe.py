@@ -284,6 +284,39 @@ def onednn_training_pays() -> bool:
     return onednn_training_speedup() >= ONEDNN_TRAINING_THRESHOLD
 
 
+@stored_per_machine
+def onednn_weight_grad_speedup() -> float:
+    """How many times faster oneDNN's linear op computes float32 weight gradients ``dY^T x`` (its
+    first operand a transposed view, which it copies) than MKL's sgemm (which reads it in place)
+    here, at the default model's MLP shapes (512 rows, 576 <-> 1536) and a slice of its LM head's
+    (512 rows, 8192 of the 49152 outputs); 0 when this torch has no oneDNN linear op. Timed in
+    turns, median of the ratios of the summed times, as :func:`onednn_training_speedup`."""
+    from posttrain.models.onednn_linear import matmul_nt
+
+    if not packing_available():
+        return 0.0
+    rows = 512
+    pairs = [(torch.randn(rows, out), torch.randn(rows, inp)) for out, inp in ((1536, 576), (576, 1536), (8192, 576))]
+
+    def seconds(onednn: bool) -> float:
+        start = time.perf_counter()
+        for grad, x in pairs:
+            matmul_nt(grad.t(), x.t()) if onednn else torch.mm(grad.t(), x)
+        return time.perf_counter() - start
+
+    try:
+        with torch.autocast("cpu", enabled=False):
+            seconds(False), seconds(True)
+            return statistics.median(seconds(False) / seconds(True) for _ in range(9))
+    except RuntimeError:
+        return 0.0
+
+
+def onednn_weight_grad_pays() -> bool:
+    """Whether oneDNN computes the training pass's float32 weight gradients faster than MKL here."""
+    return onednn_weight_grad_speedup() > 1.0
+
+
 def decode_dtype(name: str) -> torch.dtype:
     """``rollout.decode_dtype`` as a torch dtype; ``auto`` is bfloat16 where it measured 1.2x faster or
     more (:func:`bf16_decoding_speedup`)."""

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from posttrain.models.onednn_linear import active as onednn_active
-from posttrain.models.onednn_linear import matmul_nt
+from posttrain.models.onednn_linear import matmul_nt, weight_grad
 
 
 def cache_kwarg(model: torch.nn.Module) -> str:
@@ -106,7 +106,7 @@ class _HeadLogprobs(torch.autograd.Function):
             grad, rows, w = grad.to(low), hidden.to(low), weight.to(low)
             if ctx.onednn and low == torch.float32:
                 grad_hidden = matmul_nt(grad, w.t()) if needs[0] else None
-                grad_weight = matmul_nt(grad.t(), rows.t()) if needs[2] else None
+                grad_weight = weight_grad(grad, rows) if needs[2] else None
             else:
                 grad_hidden = grad @ w if needs[0] else None
                 grad_weight = grad.T @ rows if needs[2] else None

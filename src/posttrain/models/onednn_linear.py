@@ -5,9 +5,16 @@ every linear layer and the LM head. PyTorch runs float32 matmuls on the CPU thro
 which on AMD CPUs takes a generic code path: on an AMD EPYC (Zen 5, 2 cores) it reached 180-190
 GFLOP/s at the shapes of a GRPO batch of SmolLM2-135M, where oneDNN's linear op (the one packed
 decoding uses, here on the plain weights) reached 380-440 GFLOP/s for the forward and the input
-gradient and 270-330 for the weight gradient, taking the transposed operands as strided views
-(no copies). On Intel CPUs MKL is fast, so the path is chosen by a start-up measurement
-(:func:`posttrain.models.cpu_probe.onednn_training_speedup`) and used only where it wins.
+gradient and 270-330 for the weight gradient. On Intel CPUs MKL is fast, so the path is chosen by
+a measurement (:func:`posttrain.models.cpu_probe.onednn_training_speedup`) and used only where it wins.
+
+The weight gradient ``dY^T x`` contracts over the rows, the leading dimension of both operands, and
+oneDNN's linear op copies a transposed first operand into a contiguous one (PyTorch's strided copy
+ran at 3-4 GB/s on a Zen 4 EPYC: 1.2 ms of an 11 ms product at 1024 x 1536 x 576, 78 ms of the LM
+head's 240 ms), while MKL's sgemm reads it transposed in place. So the weight gradient takes
+whichever of the two measured faster at those shapes
+(:func:`posttrain.models.cpu_probe.onednn_weight_grad_speedup`): MKL on that EPYC (1.2x at the
+MLP's shapes, 1.3x at the head's).
 
 The arithmetic is float32 in both libraries (oneDNN's default math mode); only the order of the
 sums differs, as between any two matmul kernels. Under autocast, and for other dtypes or
@@ -34,6 +41,16 @@ def matmul_nt(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None
     return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
 
 
+def weight_grad(grad: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``grad.T @ rows`` (a linear layer's weight gradient) for 2-D float32 CPU tensors, on oneDNN or
+    MKL, whichever measured faster at such products on this CPU (see the module docstring)."""
+    from posttrain.models import cpu_probe
+
+    if cpu_probe.onednn_weight_grad_pays():
+        return matmul_nt(grad.t(), rows.t())
+    return torch.mm(grad.t(), rows)
+
+
 class OneDNNLinear(torch.autograd.Function):
     """``F.linear`` whose forward and backward matmuls run on oneDNN (see the module docstring)."""
 
@@ -50,7 +67,7 @@ class OneDNNLinear(torch.autograd.Function):
         grad = grad_out.reshape(-1, weight.shape[0])
         needs = ctx.needs_input_grad
         grad_x = matmul_nt(grad, weight.t()).view(ctx.in_shape) if needs[0] else None
-        grad_weight = matmul_nt(grad.t(), rows.t()) if needs[1] else None
+        grad_weight = weight_grad(grad, rows) if needs[1] else None
         grad_bias = grad.sum(0) if ctx.has_bias and needs[2] else None
         return grad_x, grad_weight, grad_bias
 

@@ -6,7 +6,9 @@ EPYC, around its 1.25x threshold. Measured anew in each process, the choice then
 run and its resumed continuation, whose float sums differed in the last bits, so a resumed run did
 not repeat the uninterrupted one; two runs of one config and seed differed the same way. The first
 process on a machine measures and writes the file; every later one reads it (a lock keeps two
-first processes from measuring at once). Delete the file to measure again.
+first processes from measuring at once). Delete the file to measure again. A measurement may
+take another (the oneDNN training probe runs layers whose weight gradients follow their own probe):
+the process holds the file's lock once, however deep.
 
 The file is keyed by what the timings depend on: the CPU (model and flags), torch's version and the
 number of threads torch runs matmuls on; each value by its function's name and source (and the
@@ -23,6 +25,7 @@ import hashlib
 import inspect
 import json
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -30,6 +33,11 @@ from typing import TypeVar
 import torch
 
 T = TypeVar("T")
+
+# One thread of this process measures at a time; it takes the file's lock at the outermost
+# measurement only (a second flock on the same file from this process would wait for itself).
+_measuring = threading.RLock()
+_depth = 0
 
 
 @functools.cache
@@ -83,23 +91,32 @@ def stored_per_machine(measure: Callable[[], T] | None = None, *, depends_on: st
     @functools.cache
     @functools.wraps(measure)
     def stored() -> T:
+        global _depth
         try:
             path = probe_file()
             path.parent.mkdir(parents=True, exist_ok=True)
             lock = open(path.with_suffix(".lock"), "w")
         except (OSError, RuntimeError):  # a read-only or no home directory: this process measures for itself
             return measure()
-        with lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with _measuring, lock:
+            if _depth == 0:
+                fcntl.flock(lock, fcntl.LOCK_EX)
             data = _read(path)
-            if key not in data:
-                data[key] = measure()
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                try:
-                    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-                    tmp.replace(path)  # readers never see half a file
-                except OSError:  # a full disk: measured, not kept
-                    tmp.unlink(missing_ok=True)
-            return data[key]
+            if key in data:
+                return data[key]
+            _depth += 1
+            try:
+                value = measure()
+            finally:
+                _depth -= 1
+            data = _read(path)  # as a nested measurement may have left it
+            data[key] = value
+            tmp = path.with_suffix(f".{os.getpid()}.{_depth}.tmp")
+            try:
+                tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+                tmp.replace(path)  # readers never see half a file
+            except OSError:  # a full disk: measured, not kept
+                tmp.unlink(missing_ok=True)
+            return value
 
     return stored
