@@ -11,10 +11,10 @@ a measurement (:func:`posttrain.models.cpu_probe.onednn_training_speedup`) and u
 The weight gradient ``dY^T x`` contracts over the rows, the leading dimension of both operands, and
 oneDNN's linear op copies a transposed first operand into a contiguous one (PyTorch's strided copy
 ran at 3-4 GB/s on a Zen 4 EPYC: 1.2 ms of an 11 ms product at 1024 x 1536 x 576, 78 ms of the LM
-head's 240 ms), while MKL's sgemm reads it transposed in place. So the weight gradient takes
-whichever of the two measured faster at those shapes
-(:func:`posttrain.models.cpu_probe.onednn_weight_grad_speedup`): MKL on that EPYC (1.2x at the
-MLP's shapes, 1.3x at the head's).
+head's 240 ms for a 512-row chunk), while MKL's sgemm reads it transposed in place. So the weight
+gradient takes whichever of the two measured faster at such shapes
+(:func:`posttrain.models.cpu_probe.onednn_weight_grad_speedup`): MKL on that EPYC, where alone it
+was 1.2x faster at the MLP's up-projection, level at its down-projection and 1.3x faster at the head.
 
 The arithmetic is float32 in both libraries (oneDNN's default math mode); only the order of the
 sums differs, as between any two matmul kernels. Under autocast, and for other dtypes or

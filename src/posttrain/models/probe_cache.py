@@ -111,7 +111,7 @@ def stored_per_machine(measure: Callable[[], T] | None = None, *, depends_on: st
                 _depth -= 1
             data = _read(path)  # as a nested measurement may have left it
             data[key] = value
-            tmp = path.with_suffix(f".{os.getpid()}.{_depth}.tmp")
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
             try:
                 tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
                 tmp.replace(path)  # readers never see half a file
