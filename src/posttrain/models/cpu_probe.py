@@ -14,7 +14,9 @@ ms); every decode kernel at one row and at 16 rows, over more weights than a cac
 each, the first time a step of that width needs it). Kernels for training are chosen the same
 way: the training pass's float32 matmuls run on oneDNN where it measured clearly faster than
 PyTorch's MKL path (2x on a Zen 5 AMD EPYC, whose CPUs MKL runs on a generic code path; level on a
-Zen 3 one, which keeps MKL; 0.85x on the Intel Xeon).
+Zen 3 one, which keeps MKL; 0.85x on the Intel Xeon), and their weight gradients on whichever of
+the two measured faster at that product (MKL on a Zen 4 AMD EPYC, where oneDNN copies a transposed
+operand first).
 """
 
 from __future__ import annotations
