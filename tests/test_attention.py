@@ -8,7 +8,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from posttrain.config import ModelSection
 from posttrain.models import load_model, load_tokenizer, token_logprobs
-from posttrain.models.attention import NAME, float32_sdpa
+from posttrain.models.attention import NAME, posttrain_sdpa
 from posttrain.models.policy import Policy
 
 
@@ -48,7 +48,7 @@ def test_bf16_inputs_are_attended_to_in_float32(tiny_model):
     q = torch.randn(2, heads, 6, dim, generator=g).bfloat16().requires_grad_()
     k = torch.randn(2, kv_heads, 6, dim, generator=g).bfloat16().requires_grad_()
     v = torch.randn(2, kv_heads, 6, dim, generator=g).bfloat16().requires_grad_()
-    out, _ = float32_sdpa(attention, q, k, v, None, scaling=dim**-0.5)
+    out, _ = posttrain_sdpa(attention, q, k, v, None, scaling=dim**-0.5)
     wide, _ = sdpa_attention_forward(attention, q.float(), k.float(), v.float(), None, scaling=dim**-0.5)
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, wide.bfloat16())
@@ -68,7 +68,7 @@ def test_masked_grouped_query_attention_matches_transformers_sdpa(tiny_model):
     mask = torch.ones(3, 1, 5, 9, dtype=torch.bool).tril(4)
     mask[1, ..., :3] = False  # left padding
     outs, grads = [], []
-    for fn in (float32_sdpa, sdpa_attention_forward):
+    for fn in (posttrain_sdpa, sdpa_attention_forward):
         q, k, v = (x.clone().requires_grad_() for x in inputs)
         out, _ = fn(attention, q, k, v, mask, scaling=dim**-0.5, dropout=0.0)
         out.pow(2).sum().backward()

@@ -79,21 +79,6 @@ def grouped_batch():
     return ids, mask, completion, torch.tensor(plens)
 
 
-def test_shared_prompt_forward_equals_full_forward_with_gradients(tiny_model):
-    ids, mask, completion, plens = grouped_batch()
-    tiny_model.zero_grad()
-    full, full_ent = token_logprobs(tiny_model, ids, mask, positions=completion, chunk_size=4)
-    full.sum().backward()
-    full_grads = [p.grad.clone() for p in tiny_model.parameters()]
-    tiny_model.zero_grad()
-    shared, shared_ent = token_logprobs(tiny_model, ids, mask, positions=completion, chunk_size=4, prompt_lengths=plens)
-    shared.sum().backward()
-    assert torch.allclose(shared, full, atol=1e-5) and torch.allclose(shared_ent, full_ent, atol=1e-4)
-    for p, g in zip(tiny_model.parameters(), full_grads):
-        torch.testing.assert_close(p.grad, g, rtol=1e-4, atol=5e-5)  # fp32 sums in another order
-    tiny_model.zero_grad()
-
-
 def test_entropy_gradient_matches_full_logits(tiny_model):
     """An entropy bonus trains through the chunked head: its gradient equals autograd's on full logits."""
     from posttrain.models.logprobs import policy_forward
@@ -114,35 +99,47 @@ def test_entropy_gradient_matches_full_logits(tiny_model):
     assert not policy_forward(tiny_model, ids, mask).entropy.requires_grad
 
 
-def test_length_buckets_trade_padding_against_calls():
-    from posttrain.models.logprobs import length_buckets
+def test_packing_shares_each_prompt_once_and_keeps_every_token_where_its_row_says():
+    from posttrain.models.packing import pack
 
-    lengths = [64, 5, 60, 0, 6, 62]
-    # Free calls: one per distinct length; expensive calls: everything in one; rows of length 0 skipped.
-    assert sorted(map(sorted, length_buckets(lengths, call_cost=0))) == [[0], [1], [2], [4], [5]]
-    assert length_buckets(lengths, call_cost=10_000) == [[0, 5, 2, 4, 1]]
-    # In between, the long rows and the short rows go to separate calls.
-    assert [sorted(b) for b in length_buckets(lengths, call_cost=32)] == [[0, 2, 5], [1, 4]]
+    p, q = [7, 8, 9], [5, 6]
+    rows = [p + [1, 2], p + [3], q + [4, 4, 4], p + [], q + [2], []]
+    packed = pack(rows, [3, 3, 2, 3, 2, 0])
+    flat = packed.ids[0].tolist()
+    assert len(flat) == 3 + 2 + 1 + 2 + 3 + 1 and flat.count(7) == 1 and flat.count(5) == 1  # no padding
+    for i, row in enumerate(rows):
+        assert [flat[j] for j in packed.source[i, : len(row)]] == row
+        assert (packed.source[i, len(row) :] == -1).all()
+        # Positions continue from the prompt into the completion, as in the row's own forward.
+        assert packed.positions[0, packed.source[i, : len(row)]].tolist() == list(range(len(row)))
+    # A completion sees its prompt (not another prompt's padding) and its own earlier tokens only.
+    first_q = packed.owner.tolist().index(1)  # the first completion of q, which is shorter than p
+    assert packed.completion_mask[first_q, 0, 0].tolist() == [True, True, False, True, False, False]
+    with pytest.raises(ValueError, match="prompt length"):
+        pack([[1, 2]], [3])
 
 
-def test_bucketed_forwards_equal_one_padded_forward(tiny_model, monkeypatch):
-    """With every length in its own trunk call, values and gradients are those of one padded call."""
-    import posttrain.models.logprobs as logprobs
+def test_packed_forward_equals_separate_forwards(tiny_model):
+    """On the policy's attention a batch runs as one packed sequence, each prompt once; values and
+    gradients equal those of a plain padded forward of every row."""
+    import copy
+
+    from posttrain.models.attention import use_posttrain_attention
 
     ids, mask, completion, plens = grouped_batch()
+    packed_model = copy.deepcopy(tiny_model)
+    use_posttrain_attention(packed_model)
     results = []
-    for call_cost in (10_000, 0):
-        monkeypatch.setattr(logprobs, "CALL_COST_TOKENS", call_cost)
-        for prompt_lengths in (None, plens):
-            tiny_model.zero_grad()
-            lp, ent = token_logprobs(tiny_model, ids, mask, positions=completion, prompt_lengths=prompt_lengths)
-            lp.sum().backward()
-            results.append((lp, ent, [p.grad.clone() for p in tiny_model.parameters()]))
+    for model, prompt_lengths in ((tiny_model, None), (packed_model, None), (packed_model, plens)):
+        model.zero_grad()
+        lp, ent = token_logprobs(model, ids, mask, positions=completion, prompt_lengths=prompt_lengths)
+        lp.sum().backward()
+        results.append((lp, ent, [p.grad.clone() for p in model.parameters()]))
     tiny_model.zero_grad()
-    one_call = results[0]
+    plain = results[0]
     for lp, ent, grads in results[1:]:
-        assert torch.allclose(lp, one_call[0], atol=1e-5) and torch.allclose(ent, one_call[1], atol=1e-4)
-        for g, g_ref in zip(grads, one_call[2]):
+        assert torch.allclose(lp, plain[0], atol=1e-5) and torch.allclose(ent, plain[1], atol=1e-4)
+        for g, g_ref in zip(grads, plain[2]):
             torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=5e-5)
 
 

@@ -1,41 +1,60 @@
-"""Attention in float32 on the CPU, whatever the dtype of the matmuls around it.
+"""The policy's attention: transformers' SDPA, in float32 on the CPU, and per segment on packed batches.
 
-Under ``model.autocast: bfloat16`` PyTorch runs the CPU attention kernel in bf16: the value
-projection returns bf16, and autocast narrows attention's inputs to bf16 even where they are
-float32 (the rotary embedding returns float32 queries and keys). There its backward is 3-4x
-slower than in float32 at the shapes of RL batches (SDPA forward + backward, 8 rows x 48 tokens,
-9 query and 3 key/value heads of 64: 10.1 ms bf16 against 2.5 ms float32, and 3.2 ms when bf16
-inputs are widened to float32 first; Zen 4 EPYC, 2 threads). Attention is a small share of the
-arithmetic, so widening its inputs costs little and also keeps its softmax in float32. The
-function is registered with transformers' attention interface (with the SDPA mask builder, so
-padding is masked as before) and wraps transformers' own SDPA attention; a float32 pass without
-autocast computes what plain SDPA does."""
+Float32 on the CPU: under ``model.autocast: bfloat16`` PyTorch runs the CPU attention kernel in
+bf16: the value projection returns bf16, and autocast narrows attention's inputs to bf16 even where
+they are float32 (the rotary embedding returns float32 queries and keys). There its backward is
+3-4x slower than in float32 at the shapes of RL batches (SDPA forward + backward, 8 rows x 48
+tokens, 9 query and 3 key/value heads of 64: 10.1 ms bf16 against 2.5 ms float32, and 3.2 ms when
+bf16 inputs are widened to float32 first; Zen 4 EPYC, 2 threads). Attention is a small share of the
+arithmetic, so widening its inputs costs little and also keeps its softmax in float32. On other
+devices the inputs keep their dtype.
+
+Packed batches: the training pass runs a batch as one packed sequence
+(:mod:`posttrain.models.packing`) and passes its layout as the ``packed`` keyword, which
+transformers hands through every layer to this function. Then the prompts attend causally among
+themselves, as a batch, and the completions, as a second batch, to their prompt's keys followed by
+their own. The function is registered with transformers' attention interface (with the SDPA mask
+builder, so padding is masked as before); a float32 pass without ``packed`` computes exactly what
+plain SDPA does.
+"""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-NAME = "posttrain_float32_sdpa"
+from posttrain.models.packing import Packed
+
+NAME = "posttrain_sdpa"
 
 
-def float32_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention on float32 inputs with autocast off (under autocast PyTorch narrows
-    SDPA's inputs to bf16, also float32 ones such as the rotary-embedded queries and keys); the output
-    returns to the query's dtype. Float32 inputs outside autocast give what transformers' SDPA gives
-    (the same output; key and value gradients up to the order of a sum, see :func:`_grouped_sdpa`)."""
-    if attention_mask is not None and attention_mask.is_floating_point():
-        attention_mask = attention_mask.float()
+def posttrain_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, packed: Packed | None = None,
+                   **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' SDPA attention (``[B, heads, T, dim]`` in, ``[B, T, heads, dim]`` out), on float32
+    inputs with autocast off on the CPU (the output returns to the query's dtype); with ``packed``,
+    attention within the segments of a packed batch (B = 1; ``attention_mask`` is then ignored).
+    Float32 inputs outside autocast give what transformers' SDPA gives (the same output; key and
+    value gradients up to the order of a sum, see :func:`_grouped_sdpa`)."""
     dtype = query.dtype
-    with torch.autocast(query.device.type, enabled=False):
+    if query.device.type == "cpu":
         query, key, value = query.float(), key.float(), value.float()
-        if (attention_mask is not None and query.shape[2] > 1 and getattr(module, "num_key_value_groups", 1) > 1
-                and kwargs.get("position_bias") is None and kwargs.get("softcap") is None):
-            out = _grouped_sdpa(query, key, value, attention_mask, kwargs.get("dropout", 0.0), kwargs.get("scaling"))
+        if attention_mask is not None and attention_mask.is_floating_point():
+            attention_mask = attention_mask.float()
+    dropout, scaling = kwargs.get("dropout", 0.0), kwargs.get("scaling")
+    with torch.autocast("cpu", enabled=False) if query.device.type == "cpu" else nullcontext():
+        if packed is not None:
+            out = _segment_attention(query[0], key[0], value[0], packed, scaling, dropout)
+        elif (attention_mask is not None and query.shape[2] > 1 and getattr(module, "num_key_value_groups", 1) > 1
+                and kwargs.get("position_bias") is None and kwargs.get("softcap") is None
+                and query.device.type == "cpu"):
+            out = _grouped_sdpa(query, key, value, attention_mask, dropout, scaling)
         else:
             out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     return out.to(dtype), None
@@ -49,18 +68,42 @@ def _grouped_sdpa(query, key, value, attention_mask, dropout: float, scaling: fl
     at RL batch shapes (14 rows x 48 queries x 87 keys, 9 query and 3 key/value heads: 11.0 -> 7.4 ms;
     Zen 4, 2 threads). The output is the same; the key and value gradients sum their query heads in
     another order."""
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                           dropout_p=dropout, scale=scaling, enable_gqa=True)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                         scale=scaling, enable_gqa=True)
     return out.transpose(1, 2).contiguous()
 
 
-AttentionInterface.register(NAME, float32_sdpa)
+def _segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed, scaling: float | None,
+                       dropout: float) -> torch.Tensor:
+    """Attention of one packed sequence (``q``: ``[heads, N, dim]``, ``k``/``v``: ``[kv_heads, N, dim]``),
+    returned as ``[1, N, heads, dim]``. Key/value heads are read in place (``enable_gqa``)."""
+    q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [N, heads, dim]
+
+    def gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # [S, W] -> [S, heads, W, dim]
+        # index_select, not x[index]: its backward adds whole rows (index_add_), where indexing's
+        # accumulating index_put_ goes element by element (8 x 400 tokens: 0.2 s of a 18 s pass).
+        return x.index_select(0, index.reshape(-1)).view(*index.shape, *x.shape[1:]).transpose(1, 2)
+
+    def attend(queries, keys, values, **mask) -> torch.Tensor:  # -> [S * W, heads, dim]
+        out = F.scaled_dot_product_attention(queries, keys, values, dropout_p=dropout, scale=scaling,
+                                             enable_gqa=True, **mask)
+        return out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3])
+
+    parts = []
+    if packed.prompts.shape[1]:  # prompts: causal, padding at the end where no real token sees it
+        parts.append(attend(*(gather(x, packed.prompts) for x in (q, k, v)), is_causal=True))
+    parts.append(attend(gather(q, packed.completions), gather(k, packed.completion_keys),
+                        gather(v, packed.completion_keys), attn_mask=packed.completion_mask))
+    return torch.cat(parts).index_select(0, packed.order).unsqueeze(0)
+
+
+AttentionInterface.register(NAME, posttrain_sdpa)
 AttentionMaskInterface.register(NAME, sdpa_mask)
 
 
-def use_float32_attention(model: nn.Module) -> None:
+def use_posttrain_attention(model: nn.Module) -> None:
     """Switch ``model`` (a transformers model, also when wrapped by peft) from SDPA attention to
-    :func:`float32_sdpa`; models on another attention implementation are left as they are.
+    :func:`posttrain_sdpa`; models on another attention implementation are left as they are.
     Not saved with the model: a checkpoint loads with SDPA."""
     config = getattr(model, "config", None)
     if config is not None and getattr(config, "_attn_implementation", None) == "sdpa":

@@ -7,37 +7,23 @@ the LM head ``chunk_size`` rows at a time. Autograd never holds the logits: a ch
 probabilities for backward while they fit in ``KEEP_PROBS_BYTES``, and beyond that only its input
 rows, from which backward recomputes its logits (see :class:`_HeadLogprobs`).
 
-When the caller passes ``prompt_lengths``, rows that share a prompt (the G samples of one GRPO
-group) run that prompt through the trunk once: its KV cache is computed with gradients, copied
-to each row, and the completions attend to it. The result is the same as a full forward of
-every row, at a fraction of the cost when prompts are as long as completions.
+The trunk runs the whole batch as one call on one packed sequence (:mod:`posttrain.models.packing`):
+no padding between sequences of different lengths, and when the caller passes ``prompt_lengths``,
+rows that share a prompt (the G samples of one GRPO group) run that prompt once, the completions
+attending to its one copy. The result is the same as a separate forward of every row.
 """
 
 from __future__ import annotations
 
-import inspect
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
 
+from posttrain.models.attention import NAME as ATTENTION_NAME
 from posttrain.models.onednn_linear import active as onednn_active
 from posttrain.models.onednn_linear import matmul_nt, weight_grad
-
-
-def cache_kwarg(model: torch.nn.Module) -> str:
-    """The name this transformers version gives forward's KV-cache argument (5.x: ``cache``)."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def _activation_checkpointing(model: torch.nn.Module) -> bool:
-    """True when this forward will checkpoint activations: enabled, and in train mode (transformers
-    checkpoints only in training mode; in eval mode the prompt can still be shared)."""
-    flag = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5 name
-    enabled = flag if flag is not None else getattr(model, "is_gradient_checkpointing", False)
-    return bool(enabled) and model.training
+from posttrain.models.packing import pack
 
 
 class _HeadLogprobs(torch.autograd.Function):
@@ -137,125 +123,6 @@ def _head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 # about 2700 tokens of a 49k vocabulary, a typical CPU batch; longer batches recompute.
 KEEP_PROBS_BYTES = 512 * 2**20
 
-# What one more trunk call costs, in padded tokens: its per-layer overheads, forward and backward,
-# and its smaller matmuls. An estimate for SmolLM2-135M on 2 CPU cores (a call's fixed cost of
-# roughly 0.1 s forward and backward against roughly 5 ms per token), rounded up so that calls
-# stay few when padding is cheap.
-CALL_COST_TOKENS = 32
-
-
-def length_buckets(lengths: list[int], call_cost: int | None = None) -> list[list[int]]:
-    """Split rows into trunk calls of similar length: each call pads its rows to its longest,
-    so the partition (of rows sorted by length) minimises padded tokens + ``call_cost`` per call.
-
-    Rows of length 0 are left out. Exact dynamic programming over the sorted rows; O(rows^2).
-    """
-    call_cost = CALL_COST_TOKENS if call_cost is None else call_cost
-    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: -lengths[i])
-    best = [0] + [float("inf")] * len(order)
-    start = [0] * (len(order) + 1)
-    for end in range(1, len(order) + 1):
-        for first in range(end):  # one call for order[first:end], padded to lengths[order[first]]
-            cost = best[first] + (end - first) * lengths[order[first]] + call_cost
-            if cost < best[end]:
-                best[end], start[end] = cost, first
-    buckets, end = [], len(order)
-    while end > 0:
-        buckets.append(order[start[end] : end])
-        end = start[end]
-    return buckets[::-1]
-
-
-def _in_row_order(per_row: dict[int, torch.Tensor], rows: int, hidden_size: int, device: torch.device) -> torch.Tensor:
-    """Concatenate each row's states in row order (row-major over the wanted positions)."""
-    pieces = [per_row[i] for i in range(rows) if i in per_row]
-    return torch.cat(pieces) if pieces else torch.zeros((0, hidden_size), device=device)
-
-
-def _embed_once(decoder, id_batches: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The input embeddings of several ``[rows, width]`` id batches, from one lookup.
-
-    Each call of the embedding's backward builds a dense ``[vocab, hidden]`` gradient (113 MB for
-    SmolLM2's 49k vocabulary, zeroed, then added to the weight's): one lookup for every trunk
-    call of a forward builds it once instead of once per call.
-    """
-    flat = torch.cat([ids.reshape(-1) for ids in id_batches])
-    embeds = decoder.get_input_embeddings()(flat)
-    pieces = embeds.split([ids.numel() for ids in id_batches])
-    return [piece.view(*ids.shape, -1) for piece, ids in zip(pieces, id_batches)]
-
-
-def _full_hidden(decoder, input_ids, attention_mask, want) -> torch.Tensor:
-    """Hidden states that predict the wanted tokens, from a forward of every full row.
-
-    Rows run in length buckets (:func:`length_buckets`) so no call pads short rows far.
-    """
-    lengths = attention_mask.sum(-1).tolist()
-    per_row: dict[int, torch.Tensor] = {}
-    buckets = [(rows, max(lengths[i] for i in rows), torch.tensor(rows, device=input_ids.device))
-               for rows in length_buckets(lengths)]
-    embeds = _embed_once(decoder, [input_ids[idx, :width] for _, width, idx in buckets])
-    for (rows, width, idx), inputs_embeds in zip(buckets, embeds):
-        hidden = decoder(inputs_embeds=inputs_embeds, attention_mask=attention_mask[idx, :width]).last_hidden_state
-        for j, i in enumerate(rows):  # the state at t-1 predicts the token at t
-            per_row[i] = hidden[j, : width - 1][want[i, 1:width]]
-    return _in_row_order(per_row, len(lengths), decoder.config.hidden_size, input_ids.device)
-
-
-def _shared_prefix_hidden(decoder, input_ids, attention_mask, prompt_lengths, want) -> torch.Tensor:
-    """As :func:`_full_hidden`, running each distinct prompt through the trunk only once.
-
-    The prompts' KV cache (computed with gradients) is copied to the rows of each length bucket
-    of completions, which attend to it.
-    """
-    b = input_ids.shape[0]
-    lengths = attention_mask.sum(-1).tolist()
-    plens = prompt_lengths.tolist()
-    index: dict[tuple[int, ...], int] = {}
-    device = input_ids.device
-    rows_cpu = input_ids.tolist()  # one transfer; per-row .tolist() on a GPU tensor would sync b times
-    owner = torch.tensor([index.setdefault(tuple(rows_cpu[i][: plens[i]]), len(index)) for i in range(b)],
-                         device=device)
-    prompts = list(index)
-    width = max(len(p) for p in prompts)
-    p_ids = torch.zeros((len(prompts), width), dtype=input_ids.dtype)
-    p_mask = torch.zeros_like(p_ids)
-    for k, p in enumerate(prompts):  # left-padded, so every prompt ends where completions start
-        p_ids[k, width - len(p) :] = torch.tensor(p)
-        p_mask[k, width - len(p) :] = 1
-    p_ids, p_mask = p_ids.to(device), p_mask.to(device)
-
-    c_lens = [n - p for n, p in zip(lengths, plens)]
-    buckets = []
-    for rows in length_buckets(c_lens):
-        c_width = max(c_lens[i] for i in rows)
-        c_ids = torch.zeros((len(rows), c_width), dtype=input_ids.dtype, device=device)
-        c_mask = torch.zeros_like(c_ids)
-        for j, i in enumerate(rows):
-            c_ids[j, : c_lens[i]] = input_ids[i, plens[i] : lengths[i]]
-            c_mask[j, : c_lens[i]] = 1
-        buckets.append((rows, torch.tensor(rows, device=device), c_ids, c_mask))
-    p_embeds, *c_embeds = _embed_once(decoder, [p_ids] + [c_ids for _, _, c_ids, _ in buckets])
-
-    prompt_cache = DynamicCache()
-    key = cache_kwarg(decoder)
-    out = decoder(inputs_embeds=p_embeds, attention_mask=p_mask, position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0),
-                  use_cache=True, **{key: prompt_cache})
-    last = out.last_hidden_state[:, -1]
-
-    per_row: dict[int, torch.Tensor] = {}
-    for (rows, idx, c_ids, c_mask), inputs_embeds in zip(buckets, c_embeds):
-        cache = DynamicCache([(layer.keys[owner[idx]], layer.values[owner[idx]]) for layer in prompt_cache.layers])
-        positions = prompt_lengths[idx].unsqueeze(-1) + torch.arange(c_ids.shape[1], device=device)
-        hidden = decoder(inputs_embeds=inputs_embeds, attention_mask=torch.cat([p_mask[owner[idx]], c_mask], dim=1),
-                         position_ids=positions, use_cache=True, **{key: cache}).last_hidden_state
-        # Completion token j is predicted by the prompt's last state (j = 0) or completion state j-1.
-        predictors = torch.cat([last[owner[idx]].unsqueeze(1), hidden[:, :-1]], dim=1)
-        for j, i in enumerate(rows):
-            per_row[i] = predictors[j, : c_lens[i]][want[i, plens[i] : lengths[i]]]
-    return _in_row_order(per_row, b, decoder.config.hidden_size, device)
-
-
 class TokenOutputs(NamedTuple):
     """Per-token outputs of one forward pass, each ``[B, T]`` float32 and 0 where not requested."""
 
@@ -270,25 +137,31 @@ def predictor_states(
     attention_mask: torch.Tensor,
     positions: torch.Tensor | None = None,
     prompt_lengths: torch.Tensor | None = None,
-    checkpointing: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The trunk's hidden states that predict the requested tokens: ``(rows [N, H], want [B, T])``.
 
     Row k is the state at position t - 1 for the k-th True entry (row-major) of ``want``, the
     requested positions t. It summarises the prefix before token t, so it feeds both the LM head
-    (log p of token t) and a value head (V of the state in which token t was chosen).
+    (log p of token t) and a value head (V of the state in which token t was chosen). On the
+    policy's attention (:func:`posttrain.models.attention.posttrain_sdpa`) the batch runs as one
+    packed sequence, rows with equal prompts sharing one copy of it (:mod:`posttrain.models.packing`).
     """
     want = torch.zeros_like(input_ids, dtype=torch.bool)
     want[:, 1:] = attention_mask[:, 1:].bool()
     if positions is not None:
         want &= positions.bool()
-    # With activation checkpointing HF drops the KV cache, so the prompt cannot be shared.
-    if prompt_lengths is not None and bool((prompt_lengths > 0).all()) and not checkpointing:
-        in_prompt = torch.arange(input_ids.shape[1], device=input_ids.device) < prompt_lengths.unsqueeze(-1)
-        if (want & in_prompt).any():
-            raise ValueError("with prompt_lengths, only completion positions can be requested")
-        return _shared_prefix_hidden(decoder, input_ids, attention_mask, prompt_lengths, want), want
-    return _full_hidden(decoder, input_ids, attention_mask, want), want
+    lengths = attention_mask.sum(-1).tolist()
+    if getattr(decoder.config, "_attn_implementation", None) != ATTENTION_NAME or not max(lengths, default=0):
+        # Another attention implementation cannot attend per segment: one padded call, nothing shared.
+        width = max(max(lengths, default=0), 1)
+        hidden = decoder(input_ids=input_ids[:, :width], attention_mask=attention_mask[:, :width]).last_hidden_state
+        return hidden[:, : width - 1][want[:, 1:width]], want
+    rows = [row[:n] for row, n in zip(input_ids.tolist(), lengths)]  # one transfer from a GPU
+    packed = pack(rows, prompt_lengths.tolist() if prompt_lengths is not None else None).to(input_ids.device)
+    hidden = decoder(input_ids=packed.ids, attention_mask=torch.ones_like(packed.ids), position_ids=packed.positions,
+                     packed=packed, use_cache=False).last_hidden_state[0]
+    # The state at t - 1 predicts the token at t.
+    return hidden.index_select(0, packed.source[:, : want.shape[1] - 1][want[:, 1 : packed.source.shape[1] + 1]]), want
 
 
 def _scatter(want: torch.Tensor, pieces: list[torch.Tensor]) -> torch.Tensor:
@@ -311,8 +184,7 @@ def policy_forward(
     See :func:`token_logprobs` for the arguments; ``entropy_grad`` keeps the entropy in the graph
     (for an entropy bonus), otherwise it is a detached diagnostic.
     """
-    rows, want = predictor_states(model.get_decoder(), input_ids, attention_mask, positions, prompt_lengths,
-                                  _activation_checkpointing(model))
+    rows, want = predictor_states(model.get_decoder(), input_ids, attention_mask, positions, prompt_lengths)
     head = model.get_output_embeddings()
     targets = input_ids[want]
     keep_probs = rows.shape[0] * head.weight.shape[0] * 4 <= KEEP_PROBS_BYTES

@@ -11,7 +11,7 @@ import torch
 from peft import PeftModel
 
 from posttrain.config import ModelSection
-from posttrain.models.attention import use_float32_attention
+from posttrain.models.attention import use_posttrain_attention
 from posttrain.models.device import autocast_dtype, resolve_device, uses_packed_weights
 from posttrain.models.loading import ModelLoadError, describe_error, load_model, load_tokenizer
 from posttrain.models.logprobs import TokenOutputs, policy_forward, token_logprobs
@@ -37,8 +37,7 @@ class Policy:
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.autocast_dtype = autocast_dtype(cfg, self.device, sampler_dtype)
-        if self.device.type == "cpu":  # CPU attention kernels are slow in bf16 (under autocast): float32 instead
-            use_float32_attention(self.model)
+        use_posttrain_attention(self.model)  # packed training passes; float32 attention on the CPU
         self._reference = None
         if need_reference and not isinstance(model, PeftModel):
             self._reference = copy.deepcopy(self.model).eval().requires_grad_(False)

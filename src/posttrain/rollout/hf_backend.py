@@ -15,6 +15,7 @@ that matter for RL on a CPU:
 
 from __future__ import annotations
 
+import inspect
 from contextlib import nullcontext
 
 import torch
@@ -22,12 +23,17 @@ from transformers import DynamicCache
 
 from posttrain.models.cpu_probe import decode_dtype as resolve_decode_dtype
 from posttrain.models.cpu_probe import has_bf16_units
-from posttrain.models.logprobs import cache_kwarg
 from posttrain.models.onednn_linear import onednn_training
 from posttrain.models.packed_linear import packed_linears
 from posttrain.rollout.fast_decode import DecodeWeights, StaticCache, decode_step, supports
 from posttrain.rollout.backend import Generation, SamplingParams
 from posttrain.rollout.sampling import sample_next
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The name this transformers version gives forward's KV-cache argument (5.x: ``cache``)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 class HFBackend:
