@@ -143,6 +143,26 @@ def test_packed_forward_equals_separate_forwards(tiny_model):
             torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=5e-5)
 
 
+def test_packed_pass_scores_prompt_tokens_too_and_rejects_left_padding(tiny_model):
+    """Rows sharing a prompt give every position, prompt tokens included, the log-probability of a
+    plain forward; a left-padded batch is refused with a message rather than read wrongly."""
+    import copy
+
+    from posttrain.models.attention import use_posttrain_attention
+
+    ids, mask, _, plens = grouped_batch()
+    packed_model = copy.deepcopy(tiny_model)
+    use_posttrain_attention(packed_model)
+    with torch.no_grad():
+        plain, _ = token_logprobs(tiny_model, ids, mask)
+        shared, _ = token_logprobs(packed_model, ids, mask, prompt_lengths=plens)
+    assert torch.allclose(shared, plain, atol=1e-5) and (shared[:, 1:4] != 0).all()
+    left = torch.zeros_like(mask)
+    left[:, 1:] = mask[:, :-1]
+    with pytest.raises(ValueError, match="right-padded"):
+        token_logprobs(packed_model, ids, left)
+
+
 def test_bf16_autocast_trains_with_float32_head_and_gradients(tiny_model):
     from posttrain.config import ModelSection
     from posttrain.models import Policy, load_tokenizer

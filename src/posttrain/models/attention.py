@@ -14,8 +14,8 @@ Packed batches: the training pass runs a batch as one packed sequence
 transformers hands through every layer to this function. Then the prompts attend causally among
 themselves, as a batch, and the completions, as a second batch, to their prompt's keys followed by
 their own. The function is registered with transformers' attention interface (with the SDPA mask
-builder, so padding is masked as before); a float32 pass without ``packed`` computes exactly what
-plain SDPA does.
+builder, so padding is masked as before); a float32 pass without ``packed`` computes what plain
+SDPA does (see :func:`posttrain_sdpa`).
 """
 
 from __future__ import annotations

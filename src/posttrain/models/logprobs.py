@@ -156,6 +156,9 @@ def predictor_states(
         width = max(max(lengths, default=0), 1)
         hidden = decoder(input_ids=input_ids[:, :width], attention_mask=attention_mask[:, :width]).last_hidden_state
         return hidden[:, : width - 1][want[:, 1:width]], want
+    if not torch.equal(attention_mask.bool(), torch.arange(attention_mask.shape[1], device=attention_mask.device)
+                       < attention_mask.sum(-1, keepdim=True)):
+        raise ValueError("attention_mask must be right-padded: each row's tokens first, then only padding")
     rows = [row[:n] for row, n in zip(input_ids.tolist(), lengths)]  # one transfer from a GPU
     packed = pack(rows, prompt_lengths.tolist() if prompt_lengths is not None else None).to(input_ids.device)
     hidden = decoder(input_ids=packed.ids, attention_mask=torch.ones_like(packed.ids), position_ids=packed.positions,
@@ -216,8 +219,7 @@ def token_logprobs(
             (t >= 1); others are returned as 0 and cost nothing in the LM head.
         chunk_size: rows of ``[chunk, vocab]`` logits alive at a time.
         prompt_lengths: optional ``[B]``; row i's first ``prompt_lengths[i]`` tokens are its
-            prompt, and rows with equal prompts share one prompt forward. Only completion
-            positions can then be requested.
+            prompt, and rows with equal prompts share one prompt forward.
 
     Returns:
         ``(logprobs, entropy)``, both ``[B, T]`` float32; position 0 is always 0.
