@@ -51,7 +51,7 @@ from torch import nn
 from posttrain.models import decode_layer
 from posttrain.models.cpu_probe import native_layer_pays, narrow_decode_kernel, wide_decode_kernel
 from posttrain.models.decode_kernels import KERNELS, Kernel, Linear
-from posttrain.models.packed_linear import _mergeable_lora, packing_available
+from posttrain.models.packed_linear import _mergeable_lora, merged_lora_weight, packing_available
 
 SUPPORTED_TYPES = {"llama", "qwen2", "mistral"}
 NARROW_ROWS = 2  # steps of at most this many rows are bound by reading the weights
@@ -60,8 +60,7 @@ NARROW_ROWS = 2  # steps of at most this many rows are bound by reading the weig
 def effective_weight(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """(weight, bias) a linear layer computes with, LoRA adapters folded in; None if it is not one we know."""
     if _mergeable_lora(module):
-        merged = module.base_layer.weight + sum(module.get_delta_weight(a) for a in module.active_adapters)
-        return merged, module.base_layer.bias
+        return merged_lora_weight(module), module.base_layer.bias
     if type(module) is nn.Linear:
         return module.weight, module.bias
     return None
