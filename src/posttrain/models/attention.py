@@ -42,18 +42,17 @@ def posttrain_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, va
     attention within the segments of a packed batch (B = 1; ``attention_mask`` is then ignored).
     Float32 inputs outside autocast give what transformers' SDPA gives (the same output; key and
     value gradients up to the order of a sum, see :func:`_grouped_sdpa`)."""
-    dtype = query.dtype
-    if query.device.type == "cpu":
+    dtype, cpu = query.dtype, query.device.type == "cpu"
+    if cpu:
         query, key, value = query.float(), key.float(), value.float()
         if attention_mask is not None and attention_mask.is_floating_point():
             attention_mask = attention_mask.float()
     dropout, scaling = kwargs.get("dropout", 0.0), kwargs.get("scaling")
-    with torch.autocast("cpu", enabled=False) if query.device.type == "cpu" else nullcontext():
+    with torch.autocast("cpu", enabled=False) if cpu else nullcontext():
         if packed is not None:
             out = _segment_attention(query[0], key[0], value[0], packed, scaling, dropout)
         elif (attention_mask is not None and query.shape[2] > 1 and getattr(module, "num_key_value_groups", 1) > 1
-                and kwargs.get("position_bias") is None and kwargs.get("softcap") is None
-                and query.device.type == "cpu"):
+                and kwargs.get("position_bias") is None and kwargs.get("softcap") is None and cpu):
             out = _grouped_sdpa(query, key, value, attention_mask, dropout, scaling)
         else:
             out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)

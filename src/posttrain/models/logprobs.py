@@ -150,14 +150,15 @@ def predictor_states(
     want[:, 1:] = attention_mask[:, 1:].bool()
     if positions is not None:
         want &= positions.bool()
-    lengths = attention_mask.sum(-1).tolist()
+    counts = attention_mask.sum(-1)
+    lengths = counts.tolist()
     if getattr(decoder.config, "_attn_implementation", None) != ATTENTION_NAME or not max(lengths, default=0):
         # Another attention implementation cannot attend per segment: one padded call, nothing shared.
         width = max(max(lengths, default=0), 1)
         hidden = decoder(input_ids=input_ids[:, :width], attention_mask=attention_mask[:, :width]).last_hidden_state
         return hidden[:, : width - 1][want[:, 1:width]], want
     if not torch.equal(attention_mask.bool(), torch.arange(attention_mask.shape[1], device=attention_mask.device)
-                       < attention_mask.sum(-1, keepdim=True)):
+                       < counts.unsqueeze(-1)):
         raise ValueError("attention_mask must be right-padded: each row's tokens first, then only padding")
     rows = [row[:n] for row, n in zip(input_ids.tolist(), lengths)]  # one transfer from a GPU
     packed = pack(rows, prompt_lengths.tolist() if prompt_lengths is not None else None).to(input_ids.device)

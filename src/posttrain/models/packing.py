@@ -32,9 +32,9 @@ class Packed:
 
     ``ids``, ``positions``: ``[1, N]``. ``source``: ``[B, T]``, the packed index of each token of input
     row ``b`` (-1 past the row's length). ``prompts``: ``[U, P]`` packed indices of each distinct
-    prompt (``P`` its longest; shorter ones are padded at the end with index 0), ``prompt_lengths``:
-    ``[U]``. ``completions``: ``[M, C]`` packed indices of each completion (padded likewise),
-    ``completion_lengths``: ``[M]``, ``owner``: ``[M]`` the prompt each completion continues.
+    prompt (``P`` its longest; shorter ones are padded at the end with index 0). ``completions``:
+    ``[M, C]`` packed indices of each completion (padded likewise), ``owner``: ``[M]`` the prompt
+    each completion continues.
     ``completion_keys``: ``[M, P + C]`` packed indices of the keys each completion attends to (its
     prompt's, padded to ``P``, then its own), ``completion_mask``: ``[M, 1, C, P + C]`` bool, which of
     them each completion token may see. ``order``: ``[N]``, where each packed token's attention output is
@@ -45,9 +45,7 @@ class Packed:
     positions: torch.Tensor
     source: torch.Tensor
     prompts: torch.Tensor
-    prompt_lengths: torch.Tensor
     completions: torch.Tensor
-    completion_lengths: torch.Tensor
     owner: torch.Tensor
     completion_keys: torch.Tensor
     completion_mask: torch.Tensor
@@ -99,7 +97,6 @@ def pack(rows: list[list[int]], prompt_lengths: list[int] | None = None) -> Pack
     p_width = max((len(a) for a in prompt_at), default=0)
     c_width = max((len(a) for a in member_at), default=0)
     p_lens = torch.tensor([len(a) for a in prompt_at], dtype=torch.long)
-    c_lens = torch.tensor([len(a) for a in member_at], dtype=torch.long)
     owners = torch.tensor(owner, dtype=torch.long)
     # A completion token sees its prompt's tokens and its own up to itself (padding never: every
     # query row keeps its diagonal, so a padded query attends to something and stays finite).
@@ -113,5 +110,5 @@ def pack(rows: list[list[int]], prompt_lengths: list[int] | None = None) -> Pack
         order[at] = len(prompt_at) * p_width + m * c_width + torch.arange(len(at))
     prompts, completions = _padded(prompt_at, p_width), _padded(member_at, c_width)
     return Packed(torch.tensor([ids], dtype=torch.long), torch.tensor([positions], dtype=torch.long), source,
-                  prompts, p_lens, completions, c_lens, owners, torch.cat([prompts[owners], completions], dim=1),
+                  prompts, completions, owners, torch.cat([prompts[owners], completions], dim=1),
                   mask.unsqueeze(1), order)
