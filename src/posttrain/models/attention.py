@@ -15,7 +15,8 @@ transformers hands through every layer to this function. Then the prompts attend
 themselves, as a batch, and the completions, as a second batch, to their prompt's keys followed by
 their own. The function is registered with transformers' attention interface (with the SDPA mask
 builder, so padding is masked as before); a float32 pass without ``packed`` computes what plain
-SDPA does (see :func:`posttrain_sdpa`).
+SDPA does (see :func:`posttrain_sdpa`). A packed batch's attention runs on our own kernels
+(:mod:`posttrain.models.train_attention`) where they measured faster than SDPA, as on a Zen 4 EPYC.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from posttrain.models import train_attention
+from posttrain.models.cpu_probe import train_attention_pays
 from posttrain.models.packing import Packed
 
 NAME = "posttrain_sdpa"
@@ -40,8 +43,9 @@ def posttrain_sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, va
     """transformers' SDPA attention (``[B, heads, T, dim]`` in, ``[B, T, heads, dim]`` out), on float32
     inputs with autocast off on the CPU (the output returns to the query's dtype); with ``packed``,
     attention within the segments of a packed batch (B = 1; ``attention_mask`` is then ignored).
-    Float32 inputs outside autocast give what transformers' SDPA gives (the same output; key and
-    value gradients up to the order of a sum, see :func:`_grouped_sdpa`)."""
+    Float32 inputs outside autocast give what transformers' SDPA gives: without ``packed`` the same
+    output (key and value gradients up to the order of a sum, see :func:`_grouped_sdpa`); packed, on
+    our kernels where they pay, equal up to the order of the sums."""
     dtype, cpu = query.dtype, query.device.type == "cpu"
     if cpu:
         query, key, value = query.float(), key.float(), value.float()
@@ -75,7 +79,9 @@ def _grouped_sdpa(query, key, value, attention_mask, dropout: float, scaling: fl
 def _segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed, scaling: float | None,
                        dropout: float) -> torch.Tensor:
     """Attention of one packed sequence (``q``: ``[heads, N, dim]``, ``k``/``v``: ``[kv_heads, N, dim]``),
-    returned as ``[1, N, heads, dim]``. Key/value heads are read in place (``enable_gqa``)."""
+    returned as ``[1, N, heads, dim]``, on our kernels where they run and measured faster than SDPA
+    (:mod:`posttrain.models.train_attention`), otherwise on SDPA; key/value heads are read in place
+    by either (``enable_gqa``)."""
     q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [N, heads, dim]
 
     def gather(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:  # [S, W] -> [S, heads, W, dim]
@@ -83,16 +89,21 @@ def _segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed
         # accumulating index_put_ goes element by element (8 x 400 tokens: 0.2 s of a 18 s pass).
         return x.index_select(0, index.reshape(-1)).view(*index.shape, *x.shape[1:]).transpose(1, 2)
 
-    def attend(queries, keys, values, **mask) -> torch.Tensor:  # -> [S * W, heads, dim]
-        out = F.scaled_dot_product_attention(queries, keys, values, dropout_p=dropout, scale=scaling,
-                                             enable_gqa=True, **mask)
+    ours = dropout == 0.0 and q.device.type == "cpu" and train_attention_pays()
+
+    def attend(queries, keys, values, mask=None) -> torch.Tensor:  # -> [S * W, heads, dim]
+        if ours and train_attention.supports(queries, keys):
+            out = train_attention.attention(queries, keys, values, mask, scaling)
+        else:
+            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=mask is None,
+                                                 dropout_p=dropout, scale=scaling, enable_gqa=True)
         return out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3])
 
     parts = []
     if packed.prompts.shape[1]:  # prompts: causal, padding at the end where no real token sees it
-        parts.append(attend(*(gather(x, packed.prompts) for x in (q, k, v)), is_causal=True))
+        parts.append(attend(*(gather(x, packed.prompts) for x in (q, k, v))))
     parts.append(attend(gather(q, packed.completions), gather(k, packed.completion_keys),
-                        gather(v, packed.completion_keys), attn_mask=packed.completion_mask))
+                        gather(v, packed.completion_keys), packed.completion_mask))
     return torch.cat(parts).index_select(0, packed.order).unsqueeze(0)
 
 

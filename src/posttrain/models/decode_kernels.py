@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from posttrain.models import panel_linear
+from posttrain.models import native, panel_linear
 from posttrain.models.packed_linear import _pack, _packed_linear
 
 
@@ -64,4 +64,4 @@ FP32_KERNELS = ("packed fp32", "plain fp32", "panel fp32")
 def definitions() -> str:
     """This module's source and the panel kernel's C source: what timings of these kernels depend on
     in our code (the decode-kernel probes of :mod:`posttrain.models.cpu_probe` measure again when it changes)."""
-    return inspect.getsource(sys.modules[__name__]) + panel_linear.SOURCE.read_text()
+    return inspect.getsource(sys.modules[__name__]) + native.source_text(panel_linear.SOURCE)

@@ -1,9 +1,10 @@
-"""Our C kernels (``panel_gemm.c``, ``decode_layer.c``), compiled on first use with the system's C compiler.
+"""Our C kernels (``panel_gemm.c``, ``decode_layer.c``, ``train_attention.c``), compiled on first use with
+the system's C compiler.
 
 Each source is compiled once per machine into the posttrain cache directory (next to the CPU
 probe's file: :func:`posttrain.models.probe_cache.cache_dir`) with ``$CC`` or ``cc``, ``-O3 -mavx2
--mfma -fopenmp``, and loaded with ctypes; no Python headers are involved, so a build takes about a
-second. The kernels run on PyTorch's own OpenMP runtime and thread count. Where one cannot be built
+-mfma -fopenmp``, and loaded with ctypes; a source may include the headers beside it (``simd.h``).
+No Python headers are involved, so a build takes about a second. The kernels run on PyTorch's own OpenMP runtime and thread count. Where one cannot be built
 (not x86-64, no AVX2 and FMA, no C compiler, a failed build) :func:`load` says why, and the
 operations PyTorch ships serve instead.
 """
@@ -29,9 +30,15 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
+def source_text(source: Path) -> str:
+    """The text a kernel is built from: its source and the headers beside it that it may include (what
+    a build, and a probe timing the kernel, depend on)."""
+    return source.read_text() + "".join(h.read_text() for h in sorted(source.parent.glob("*.h")))
+
+
 def _build(source: Path, compiler: str) -> Path:
     """The shared library, compiled unless this source was already compiled with this compiler and flags."""
-    key = hashlib.sha256(f"{source.read_text()} {compiler} {COMPILE_FLAGS}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{source_text(source)} {compiler} {COMPILE_FLAGS}".encode()).hexdigest()[:16]
     for root in (cache_dir(), Path(tempfile.gettempdir()) / f"posttrain-{os.getuid()}"):
         library = root / f"{source.stem}-{key}.so"
         if library.exists():
