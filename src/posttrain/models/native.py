@@ -4,9 +4,9 @@ the system's C compiler.
 Each source is compiled once per machine into the posttrain cache directory (next to the CPU
 probe's file: :func:`posttrain.models.probe_cache.cache_dir`) with ``$CC`` or ``cc``, ``-O3 -mavx2
 -mfma -fopenmp``, and loaded with ctypes; a source may include the headers beside it (``simd.h``).
-No Python headers are involved, so a build takes about a second. The kernels run on PyTorch's own OpenMP runtime and thread count. Where one cannot be built
-(not x86-64, no AVX2 and FMA, no C compiler, a failed build) :func:`load` says why, and the
-operations PyTorch ships serve instead.
+No Python headers are involved, so a build takes about a second. The kernels run on PyTorch's own
+OpenMP runtime and thread count. Where one cannot be built (not x86-64, no AVX2 and FMA, no C
+compiler, a failed build) :func:`load` says why, and the operations PyTorch ships serve instead.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
  * scores through memory. Here a work item is one (sequence, KV head): its keys (and values, for the
  * backward) are packed once into panels of 16 keys, as posttrain/models/panel_gemm.c packs weights,
  * and the rows of its query heads are taken 64 at a time, so that a block's scores, probabilities
- * and their gradients stay in the core's cache. A causal block stops at the last key it can see.
+ * and their gradients stay in the core's cache. A block stops at the last key any of its rows sees.
  *
  * The forward keeps each row's log-normaliser (lse); the backward recomputes the probabilities from
  * it, p = exp(s - lse), as FlashAttention does (Dao et al., 2022, arXiv:2205.14135), so no

@@ -5,8 +5,9 @@ kernel runs at 60-70 GFLOP/s, a third of what the CPU's matmuls reach, and atten
 a training pass. The kernels in ``train_attention.c`` take one (sequence, KV head) at a time, with
 its keys packed once and its query heads' rows in cache-sized blocks (see there), and keep only
 each row's log-normaliser for the backward, as FlashAttention does. On a Zen 4 EPYC (2 threads, 30
-layers forward and backward, 9 query and 3 KV heads of 64) they took 539 ms against SDPA's 876 for
-8 causal sequences of 256 tokens, 139 against 194 ms for 16 completions of 48 tokens under a mask.
+layers forward and backward, 9 query and 3 KV heads of 64) they took 641 ms against SDPA's 921 for
+8 sequences of 256 tokens under a causal mask, 242 against 310 ms for 16 completions of 64 tokens
+over 99 keys.
 
 :mod:`posttrain.models.attention` runs a packed batch's attention on them where
 :func:`posttrain.models.cpu_probe.train_attention_pays` measured them faster than SDPA, and SDPA
