@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 import platform
 
-from posttrain.models import decode_layer, train_attention
+from posttrain.models import decode_layer, train_attention, train_elementwise
 from posttrain.models.cpu_probe import (ONEDNN_TRAINING_THRESHOLD, bf16_decode_speedup, bf16_training_speedup, cpu_flags,
                                         has_bf16_units, narrow_bf16_decode_speedup, narrow_decode_kernel,
                                         native_layer_pays, native_layer_speedup,
                                         onednn_training_speedup, onednn_weight_grad_pays,
                                         onednn_weight_grad_speedup, train_attention_pays, train_attention_speedup,
-                                        wide_decode_kernel)
+                                        train_elementwise_pays, train_elementwise_speedup, wide_decode_kernel)
 from posttrain.models.panel_linear import unavailable_reason
 from posttrain.models.probe_cache import cpuinfo, probe_file
 
@@ -40,7 +40,8 @@ def describe() -> str:
     model, flags = cpu_model_and_flags()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (f"machine: {model}, {os.cpu_count()} cores, flags {' '.join(flags) or 'none of ' + '/'.join(FLAGS)}; "
-            f"{bf16_line()}; {layer_line()}; {attention_line()}; fp32 training matmuls on oneDNN vs PyTorch's "
+            f"{bf16_line()}; {layer_line()}; {attention_line()}; {elementwise_line()}; "
+            f"fp32 training matmuls on oneDNN vs PyTorch's "
             f"{onednn_training_speedup():.2f}x (used from {ONEDNN_TRAINING_THRESHOLD}x), their weight gradients on "
             f"{'oneDNN' if onednn_weight_grad_pays() else 'MKL'} (oneDNN vs MKL {onednn_weight_grad_speedup():.2f}x); "
             f"torch {torch.__version__}; load average {load:.1f}; "
@@ -75,3 +76,12 @@ def attention_line() -> str:
         return f"training attention on SDPA (no kernels: {train_attention.unavailable_reason()})"
     where = "our kernels" if train_attention_pays() else "SDPA"
     return f"training attention on {where} (ours vs SDPA {train_attention_speedup():.2f}x)"
+
+
+def elementwise_line() -> str:
+    """What a float32 training pass's RMSNorm and SwiGLU run on: our kernels where they measured faster, else
+    PyTorch's operations."""
+    if train_elementwise.unavailable_reason():
+        return f"training RMSNorm/SwiGLU on PyTorch's operations (no kernels: {train_elementwise.unavailable_reason()})"
+    where = "our kernels" if train_elementwise_pays() else "PyTorch's operations"
+    return f"training RMSNorm/SwiGLU on {where} (ours vs PyTorch's {train_elementwise_speedup():.2f}x)"

@@ -4,11 +4,14 @@ Peak: the best of square fp32 matmuls (1024 to 4096, through MKL and through one
 uses). Training step: forward + backward of :func:`posttrain.models.logprobs.policy_forward` (the
 path the trainer runs) with full fine-tuning of the default model, for two batch shapes: the GRPO
 shape of ``benchmarks/grpo_vs_trl.py`` (16 rows: 2 prompts x 8 completions of 64 tokens, each group
-sharing its prompt) and 8 rows of 256 tokens. Model FLOPs are counted with
-``torch.utils.flop_counter.FlopCounterMode`` on one forward (matmuls and attention, as executed:
-each shared prompt counted once) and multiplied by 3 for forward + backward (the backward of a
-linear layer is two matmuls of the forward's size); recomputation by activation checkpointing is
-not counted as useful work. MFU = model FLOPs / median step time / peak. Each shape is timed on
+sharing its prompt) and 8 rows of 256 tokens. Model FLOPs are those of one forward times 3 for
+forward + backward (the backward of a linear layer, and of attention's two products, is two matmuls
+of the forward's size), as executed: each shared prompt counted once, and attention over the
+query-key pairs a causal mask leaves (``torch.utils.flop_counter.FlopCounterMode`` counts the
+matmuls; it does not see PyTorch's CPU attention kernel or ours, so attention's products are
+counted here: 4 x head dim FLOPs a visible pair a head, 3-4% of the 8 x 256 pass, 2% of the GRPO
+shape's). Recomputation (by activation checkpointing, or attention's backward) is not counted as
+useful work. MFU = model FLOPs / median step time / peak. Each shape is timed on
 the matmul kernels the trainer picks on this CPU (oneDNN where a start-up probe finds it faster
 than PyTorch's MKL path, :mod:`posttrain.models.onednn_linear`) and on PyTorch's own; the GRPO
 shape also under bf16 autocast (the ``model.autocast`` option), against the same float32 peak,
@@ -38,6 +41,7 @@ from posttrain.models.cpu_probe import has_bf16_units, onednn_training_pays
 from posttrain.models.logprobs import policy_forward
 from posttrain.models.onednn_linear import onednn_training
 from posttrain.models.packed_linear import packing_available
+from posttrain.models.train_elementwise import use_fused_norm_mlp
 
 from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
 
@@ -65,7 +69,8 @@ def matmul_peak(sizes: tuple[int, ...] = (1024, 2048, 4096), repeats: int = 8) -
 
 
 def batch_shape(rows: int, prompt: int, completion: int, groups: int, vocab: int, seed: int = 0):
-    """Right-padded ids where every ``rows // groups`` rows share a prompt, with the loss mask on completions."""
+    """Right-padded ids where every ``rows // groups`` rows share a prompt, with the loss mask on completions,
+    and the number of query-key pairs causal attention computes on them (each distinct prompt once)."""
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(0, vocab, (groups, prompt), generator=g).repeat_interleave(rows // groups, 0)
     ids = torch.cat([prompts, torch.randint(0, vocab, (rows, completion), generator=g)], dim=1)
@@ -73,15 +78,19 @@ def batch_shape(rows: int, prompt: int, completion: int, groups: int, vocab: int
     loss_mask = torch.zeros_like(ids)
     loss_mask[:, prompt:] = 1
     plens = torch.full((rows,), prompt) if groups < rows else None
-    return ids, mask, loss_mask, plens
+    pairs = groups * prompt * (prompt + 1) // 2 + rows * (completion * prompt + completion * (completion + 1) // 2)
+    return ids, mask, loss_mask, plens, pairs
 
 
 def measure(model, shape: tuple, repeats: int, autocast: bool = False, kernels: bool | None = None) -> dict:
     """``kernels``: None for the trainer's choice on this CPU, False for PyTorch's own matmuls."""
-    ids, mask, loss_mask, plens = shape
+    ids, mask, loss_mask, plens, pairs = shape
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         policy_forward(model, ids, mask, loss_mask, prompt_lengths=plens)
-    flops = 3 * counter.get_total_flops()
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    attention = 4 * head_dim * config.num_attention_heads * config.num_hidden_layers * pairs  # q.k and p.v
+    flops = 3 * (counter.get_total_flops() + attention)
     times = []
     for i in range(repeats + 1):  # the first step warms up
         start = time.perf_counter()
@@ -92,7 +101,8 @@ def measure(model, shape: tuple, repeats: int, autocast: bool = False, kernels: 
         if i:
             times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
-    return {"model_flops": flops, "median_seconds": seconds, "flops_per_second": flops / seconds,
+    return {"model_flops": flops, "attention_flops": 3 * attention, "median_seconds": seconds,
+            "flops_per_second": flops / seconds,
             "tokens": int(mask.sum()), "all_seconds": times}
 
 
@@ -107,6 +117,7 @@ def main() -> None:
 
     model = load_model(MODEL).train()
     use_posttrain_attention(model)  # as the trainer's policy on CPU
+    use_fused_norm_mlp(model)
     vocab = model.config.vocab_size
     shapes = {
         "GRPO 2 prompts x 8, 35 + 64 tokens": batch_shape(16, 35, 64, 2, vocab),
@@ -130,11 +141,12 @@ def main() -> None:
     table = Table(title=f"Training step (forward + backward, full fine-tuning, fp32), SmolLM2-135M, "
                         f"{torch.get_num_threads()} threads; matmul peak {peak / 1e9:.0f} GFLOP/s; "
                         f"load {load_before:.1f} -> {load_after:.1f}")
-    for col in ("batch", "tokens", "model GFLOP", "median s", "GFLOP/s", "MFU"):
+    for col in ("batch", "tokens", "model GFLOP", "of which attention", "median s", "GFLOP/s", "MFU"):
         table.add_column(col, justify="left" if col == "batch" else "right")
     for name, r in results.items():
         r["mfu"] = r["flops_per_second"] / peak
-        table.add_row(name, str(r["tokens"]), f"{r['model_flops'] / 1e9:.0f}", f"{r['median_seconds']:.2f}",
+        table.add_row(name, str(r["tokens"]), f"{r['model_flops'] / 1e9:.0f}", f"{r['attention_flops'] / 1e9:.0f}",
+                      f"{r['median_seconds']:.2f}",
                       f"{r['flops_per_second'] / 1e9:.0f}", f"{100 * r['mfu']:.0f}%")
     Console().print(table)
     out = {"matmul_peak_flops": peak, "threads": torch.get_num_threads(), "load_average": [load_before, load_after],

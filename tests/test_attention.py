@@ -40,10 +40,10 @@ def test_policy_on_cpu_gives_the_same_logprobs_as_plain_sdpa(tmp_path):
     policy = Policy(plain, load_tokenizer("tiny-random"), ModelSection(name="tiny-random", device="cpu"))
     assert policy.model.config._attn_implementation == NAME
     got, _ = policy.logprobs(ids, mask)
-    # our attention kernels (where they pay) sum in another order than SDPA: equal up to rounding
+    # our attention, RMSNorm and SwiGLU kernels (where they pay) sum in another order: equal up to rounding
     assert torch.allclose(got, expected, atol=1e-5, rtol=0)
     logits = policy.model(input_ids=ids, attention_mask=left).logits
-    assert torch.equal(logits[left.bool()], expected_logits[left.bool()])
+    assert torch.allclose(logits[left.bool()], expected_logits[left.bool()], atol=1e-5, rtol=0)
     # A saved checkpoint does not name our attention: any transformers loads it with its default.
     policy.save(tmp_path / "model")
     assert NAME not in json.dumps(json.loads((tmp_path / "model" / "config.json").read_text()))

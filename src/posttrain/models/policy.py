@@ -17,6 +17,7 @@ from posttrain.models.loading import ModelLoadError, describe_error, load_model,
 from posttrain.models.logprobs import TokenOutputs, policy_forward, token_logprobs
 from posttrain.models.lora import apply_lora
 from posttrain.models.onednn_linear import onednn_training
+from posttrain.models.train_elementwise import use_fused_norm_mlp
 from posttrain.models.packed_linear import pack_frozen_linears
 
 
@@ -38,6 +39,7 @@ class Policy:
         self.cfg = cfg
         self.autocast_dtype = autocast_dtype(cfg, self.device, sampler_dtype)
         use_posttrain_attention(self.model)  # packed training passes; float32 attention on the CPU
+        use_fused_norm_mlp(self.model)  # float32 RMSNorm and SwiGLU on our kernels on the CPU
         self._reference = None
         if need_reference and not isinstance(model, PeftModel):
             self._reference = copy.deepcopy(self.model).eval().requires_grad_(False)

@@ -1,4 +1,4 @@
-/* Vector helpers shared by our C kernels (decode_layer.c, train_attention.c), AVX2 and FMA. */
+/* Vector helpers shared by our C kernels (decode_layer.c, train_attention.c, train_elementwise.c), AVX2 and FMA. */
 #pragma once
 #include <immintrin.h>
 

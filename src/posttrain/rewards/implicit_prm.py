@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from posttrain.models.attention import use_posttrain_attention
+from posttrain.models.train_elementwise import use_fused_norm_mlp
 from posttrain.models.loading import load_model, load_tokenizer
 from posttrain.models.logprobs import token_logprobs
 from posttrain.models.packed_linear import pack_frozen_linears
@@ -87,8 +88,9 @@ class ImplicitPRMScorer:
                              f"batch_size={batch_size}")
         self.model = load_model(model)
         self.reference = load_model(model).eval().requires_grad_(False)
-        for m in (self.model, self.reference):  # packed passes, without padding (as the policy's)
+        for m in (self.model, self.reference):  # packed passes, without padding, fused layers (as the policy's)
             use_posttrain_attention(m)
+            use_fused_norm_mlp(m)
         pack_frozen_linears(self.reference)  # the frozen copy only ever runs forward
         self.tokenizer = load_tokenizer(model)
         self.beta, self.updates, self.batch_size, self.delimiter = beta, updates, batch_size, delimiter
