@@ -290,14 +290,14 @@ def train_elementwise_speedup() -> float:
     up``) here, at the width of the default model and the token count of a GRPO batch (1094 tokens, 576 and
     1536 wide); 8 layers' forwards, then their backward, on posttrain's malloc setting as in training; 0
     where the kernels cannot be built. On a Zen 4 EPYC: 1.45-1.75x."""
+    if train_elementwise.unavailable_reason() is not None:
+        return 0.0
     keep_freed_memory()
     generator = torch.Generator().manual_seed(0)
     tokens, hidden, inter = 1094, 576, 1536
     layers = [[torch.randn(tokens, width, generator=generator, requires_grad=True) for width in (hidden, inter, inter)]
               for _layer in range(8)]
     weight = torch.rand(hidden, generator=generator, requires_grad=True)
-    if not train_elementwise.supports(weight):
-        return 0.0
 
     def torch_norm(x):
         return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))

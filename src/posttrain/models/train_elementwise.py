@@ -128,7 +128,7 @@ def _norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
 def _mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     from posttrain.models.cpu_probe import train_elementwise_pays
 
-    if not (x.device.type == "cpu" and unavailable_reason() is None and train_elementwise_pays()):
+    if not (x.device.type == "cpu" and train_elementwise_pays()):  # the probe gives 0 without kernels
         return super(type(self), self).forward(x)
     gate, up = self.gate_proj(x), self.up_proj(x)
     product = swiglu(gate, up) if supports(gate, up) else self.act_fn(gate) * up
