@@ -18,7 +18,6 @@ stays float32.
 from __future__ import annotations
 
 import ctypes
-import functools
 from pathlib import Path
 
 import torch
@@ -29,39 +28,19 @@ SOURCE = Path(__file__).with_name("decode_layer.c")
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
-@functools.cache
-def _library() -> ctypes.CDLL | str:
-    """The loaded kernels, or why there are none."""
-    lib = native.load(SOURCE)
-    if isinstance(lib, str):
-        return lib
-    pointer, size, flt, threads = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-    for a in _SUFFIX.values():
-        for c in _SUFFIX.values():
-            getattr(lib, f"decode_attention_{a}_{c}").argtypes = [
-                pointer, size, pointer, pointer, pointer, pointer, size, size, pointer, pointer,
-                size, size, size, size, flt, pointer, threads]
-        getattr(lib, f"add_rms_norm_{a}").argtypes = [pointer, pointer, pointer, size, size, flt, pointer, threads]
-        getattr(lib, f"swiglu_{a}").argtypes = [pointer, size, size, pointer, threads]
-    return lib
-
-
-def unavailable_reason() -> str | None:
-    """Why the kernels cannot run here, or None when they can."""
-    lib = _library()
-    return lib if isinstance(lib, str) else None
+_P, _SIZE, _FLOAT, _THREADS = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+_KERNELS = native.Kernels(SOURCE, "decode layer kernels", {
+    **{f"decode_attention_{a}_{c}": [_P, _SIZE, _P, _P, _P, _P, _SIZE, _SIZE, _P, _P, _SIZE, _SIZE, _SIZE, _SIZE,
+                                     _FLOAT, _P, _THREADS]
+       for a in _SUFFIX.values() for c in _SUFFIX.values()},
+    **{f"add_rms_norm_{a}": [_P, _P, _P, _SIZE, _SIZE, _FLOAT, _P, _THREADS] for a in _SUFFIX.values()},
+    **{f"swiglu_{a}": [_P, _SIZE, _SIZE, _P, _THREADS] for a in _SUFFIX.values()}})
+unavailable_reason = _KERNELS.unavailable_reason
 
 
 def supports(head_dim: int, heads: int, kv_heads: int) -> bool:
     """True when the kernels are built here and handle this attention's shape."""
     return unavailable_reason() is None and head_dim % 8 == 0 and heads % kv_heads == 0
-
-
-def _loaded() -> ctypes.CDLL:
-    lib = _library()
-    if isinstance(lib, str):
-        raise RuntimeError(f"the decode layer kernels are not available: {lib}")
-    return lib
 
 
 def _activations(*tensors: torch.Tensor) -> str:
@@ -86,7 +65,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     if delta is not None and delta.shape != x.shape:
         raise ValueError(f"the residual {list(delta.shape)} does not match the stream {list(x.shape)}")
     weight = weight.detach().float().contiguous()
-    getattr(_loaded(), f"add_rms_norm_{suffix}")(
+    getattr(_KERNELS.loaded(), f"add_rms_norm_{suffix}")(
         x.data_ptr(), None if delta is None else delta.data_ptr(), weight.data_ptr(), rows, hidden, eps,
         out.data_ptr(), torch.get_num_threads())
     return out
@@ -96,8 +75,8 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate_up`` ``[rows, 2 inter]`` (gate first), in its dtype."""
     rows, width = gate_up.shape
     out = torch.empty(rows, width // 2, dtype=gate_up.dtype)
-    getattr(_loaded(), f"swiglu_{_activations(gate_up)}")(gate_up.data_ptr(), rows, width // 2, out.data_ptr(),
-                                                          torch.get_num_threads())
+    getattr(_KERNELS.loaded(), f"swiglu_{_activations(gate_up)}")(gate_up.data_ptr(), rows, width // 2,
+                                                                  out.data_ptr(), torch.get_num_threads())
     return out
 
 
@@ -109,7 +88,7 @@ def append_and_attend(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Te
     dim]``; the key and value written at column ``col`` of ``keys``/``values`` ``[rows, kv_heads,
     capacity, dim]`` (float32 or bf16); each query head attending over columns 0..col with the
     additive mask ``bias`` ``[rows, 1, 1, capacity]``. Returns ``[rows, heads * dim]`` in qkv's dtype."""
-    lib = _loaded()
+    lib = _KERNELS.loaded()
     rows, width, dim = qkv.shape
     kv_heads, capacity = keys.shape[1], keys.shape[2]
     if width != heads + 2 * kv_heads or keys.shape != (rows, kv_heads, capacity, dim) or values.shape != keys.shape:

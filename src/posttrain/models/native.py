@@ -7,6 +7,7 @@ probe's file: :func:`posttrain.models.probe_cache.cache_dir`) with ``$CC`` or ``
 No Python headers are involved, so a build takes about a second. The kernels run on PyTorch's own
 OpenMP runtime and thread count. Where one cannot be built (not x86-64, no AVX2 and FMA, no C
 compiler, a failed build) :func:`load` says why, and the operations PyTorch ships serve instead.
+Each kernel module holds one :class:`Kernels` for its source.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from posttrain.models.probe_cache import cache_dir, cpuinfo
 
@@ -78,3 +80,45 @@ def load(source: Path) -> ctypes.CDLL | str:
         return ctypes.CDLL(str(_build(source, compiler)))
     except OSError as e:
         return str(e)
+
+
+class Kernels:
+    """The functions of one C source, loaded on first use (:func:`load`) with their ctypes signatures.
+
+    ``signatures`` maps a function's name to its argument types, or to (argument types, return type);
+    ``what`` names the kernels in the error of :meth:`loaded`.
+    """
+
+    def __init__(self, source: Path, what: str, signatures: dict[str, list | tuple[list, Any]]) -> None:
+        self.source, self.what, self.signatures = source, what, signatures
+        self._library: ctypes.CDLL | str | None = None
+
+    def library(self) -> ctypes.CDLL | str:
+        """The loaded library, or why there is none (built or found once per process)."""
+        if self._library is None:
+            lib = load(self.source)
+            if not isinstance(lib, str):
+                for name, signature in self.signatures.items():
+                    argtypes, restype = signature if isinstance(signature, tuple) else (signature, None)
+                    function = getattr(lib, name)
+                    function.argtypes = argtypes
+                    if restype is not None:
+                        function.restype = restype
+            self._library = lib
+        return self._library
+
+    def unavailable_reason(self) -> str | None:
+        """Why the kernels cannot run here, or None when they can."""
+        lib = self.library()
+        return lib if isinstance(lib, str) else None
+
+    def loaded(self) -> ctypes.CDLL:
+        """The library; RuntimeError where it cannot be loaded here."""
+        lib = self.library()
+        if isinstance(lib, str):
+            raise RuntimeError(f"the {self.what} ({self.source.name}) cannot run here: {lib}")
+        return lib
+
+    def forget(self) -> None:
+        """Load again on the next use (for tests that change the compiler)."""
+        self._library = None

@@ -19,7 +19,6 @@ where it can, :mod:`posttrain.models.cpu_probe` still uses it only where it meas
 from __future__ import annotations
 
 import ctypes
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,35 +40,16 @@ class PanelWeight:
     outputs: int
 
 
-@functools.cache
-def _library() -> ctypes.CDLL | str:
-    """The loaded kernel, or why there is none."""
-    lib = native.load(SOURCE)
-    if isinstance(lib, str):
-        return lib
-    pointer, size = ctypes.c_void_p, ctypes.c_int64
-    for function in (lib.panel_linear_f32, lib.panel_linear_bf16):
-        function.argtypes = [pointer, size, size, pointer, size, pointer, pointer, ctypes.c_int]
-    return lib
-
-
-def unavailable_reason() -> str | None:
-    """Why the kernel cannot run here, or None when it can."""
-    lib = _library()
-    return lib if isinstance(lib, str) else None
-
-
-def _loaded() -> ctypes.CDLL:
-    lib = _library()
-    if isinstance(lib, str):
-        raise RuntimeError(f"the panel matmul kernel is not available: {lib}")
-    return lib
+_P, _SIZE = ctypes.c_void_p, ctypes.c_int64
+_KERNELS = native.Kernels(SOURCE, "panel matmul kernel", {
+    name: [_P, _SIZE, _SIZE, _P, _SIZE, _P, _P, ctypes.c_int] for name in ("panel_linear_f32", "panel_linear_bf16")})
+unavailable_reason = _KERNELS.unavailable_reason
 
 
 def pack(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> PanelWeight:
     """``weight`` ``[outputs, inputs]`` in the kernel's layout, in ``dtype`` (float32 or bfloat16);
     RuntimeError where the kernel cannot run here."""
-    _loaded()
+    _KERNELS.loaded()
     if dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"the panel kernel reads float32 or bfloat16 weights, not {dtype}")
     outputs, inputs = weight.shape
@@ -88,7 +68,7 @@ def linear(weight: PanelWeight, bias: torch.Tensor | None, x: torch.Tensor) -> t
         bias = bias.to(torch.float32).contiguous()
         if bias.shape != (weight.outputs,):
             raise ValueError(f"expected a bias of shape [{weight.outputs}], got {list(bias.shape)}")
-    lib = _loaded()
+    lib = _KERNELS.loaded()
     kernel = lib.panel_linear_bf16 if weight.panels.dtype == torch.bfloat16 else lib.panel_linear_f32
     out = torch.empty(x.shape[0], weight.outputs)
     kernel(x.data_ptr(), x.shape[0], inputs, weight.panels.data_ptr(), weight.outputs,

@@ -17,7 +17,6 @@ where they cannot be built (:mod:`posttrain.models.native`).
 from __future__ import annotations
 
 import ctypes
-import functools
 from pathlib import Path
 
 import torch
@@ -27,24 +26,13 @@ from posttrain.models import native
 SOURCE = Path(__file__).with_name("train_attention.c")
 
 
-@functools.cache
-def _library() -> ctypes.CDLL | str:
-    """The loaded kernels, or why there are none."""
-    lib = native.load(SOURCE)
-    if isinstance(lib, str):
-        return lib
-    pointer, size, threads = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    shape = [pointer, pointer, pointer, pointer, size, size, size, size, size, size, ctypes.c_float]
-    lib.attention_scratch.argtypes, lib.attention_scratch.restype = [size, size], size
-    lib.attention_forward.argtypes = [*shape, pointer, pointer, pointer, threads]
-    lib.attention_backward.argtypes = [*shape, pointer, pointer, pointer, pointer, pointer, pointer, pointer, threads]
-    return lib
-
-
-def unavailable_reason() -> str | None:
-    """Why the kernels cannot run here, or None when they can."""
-    lib = _library()
-    return lib if isinstance(lib, str) else None
+_P, _SIZE, _THREADS = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_SHAPE = [_P, _P, _P, _P, _SIZE, _SIZE, _SIZE, _SIZE, _SIZE, _SIZE, ctypes.c_float]
+_KERNELS = native.Kernels(SOURCE, "training attention kernels", {
+    "attention_scratch": ([_SIZE, _SIZE], _SIZE),
+    "attention_forward": [*_SHAPE, _P, _P, _P, _THREADS],
+    "attention_backward": [*_SHAPE, _P, _P, _P, _P, _P, _P, _P, _THREADS]})
+unavailable_reason = _KERNELS.unavailable_reason
 
 
 def supports(query: torch.Tensor, key: torch.Tensor) -> bool:
@@ -60,7 +48,7 @@ def _pointer(t: torch.Tensor | None) -> int | None:
 
 def _scratch(keys: int, dim: int) -> torch.Tensor:
     threads = torch.get_num_threads()
-    return torch.empty(threads * _library().attention_scratch(keys, dim))
+    return torch.empty(threads * _KERNELS.loaded().attention_scratch(keys, dim))
 
 
 class _Attention(torch.autograd.Function):
@@ -73,7 +61,7 @@ class _Attention(torch.autograd.Function):
         kv_heads, keys = key.shape[1], key.shape[2]
         out, lse = torch.empty_like(query), torch.empty(batch, heads, length)
         scratch = _scratch(keys, dim)  # held here: a temporary's memory would be freed before the call
-        _library().attention_forward(
+        _KERNELS.loaded().attention_forward(
             query.data_ptr(), key.data_ptr(), value.data_ptr(), _pointer(keep), batch, heads, kv_heads, length, keys,
             dim, scale, out.data_ptr(), lse.data_ptr(), scratch.data_ptr(), torch.get_num_threads())
         ctx.save_for_backward(query, key, value, keep, out, lse)
@@ -88,7 +76,7 @@ class _Attention(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         grads = torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
         scratch = _scratch(keys, dim)
-        _library().attention_backward(
+        _KERNELS.loaded().attention_backward(
             query.data_ptr(), key.data_ptr(), value.data_ptr(), _pointer(keep), batch, heads,
             kv_heads, length, keys, dim, ctx.scale, out.data_ptr(), lse.data_ptr(), grad_out.data_ptr(),
             *(g.data_ptr() for g in grads), scratch.data_ptr(), torch.get_num_threads())

@@ -32,25 +32,13 @@ FAMILIES = {"LlamaRMSNorm": "llama", "MistralRMSNorm": "mistral", "Qwen2RMSNorm"
             "LlamaMLP": "llama", "MistralMLP": "mistral", "Qwen2MLP": "qwen2", "Qwen3MLP": "qwen3"}
 
 
-@functools.cache
-def _library() -> ctypes.CDLL | str:
-    """The loaded kernels, or why there are none."""
-    lib = native.load(SOURCE)
-    if isinstance(lib, str):
-        return lib
-    pointer, size, threads = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.rms_norm_forward.argtypes = [pointer, pointer, size, size, ctypes.c_float, pointer, pointer, threads]
-    lib.rms_norm_backward.argtypes = [pointer, pointer, pointer, pointer, size, size, pointer, pointer, pointer,
-                                      threads]
-    lib.swiglu_forward.argtypes = [pointer, pointer, size, pointer, threads]
-    lib.swiglu_backward.argtypes = [pointer, pointer, pointer, size, pointer, pointer, threads]
-    return lib
-
-
-def unavailable_reason() -> str | None:
-    """Why the kernels cannot run here, or None when they can."""
-    lib = _library()
-    return lib if isinstance(lib, str) else None
+_P, _SIZE, _THREADS = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_KERNELS = native.Kernels(SOURCE, "RMSNorm / SwiGLU training kernels", {
+    "rms_norm_forward": [_P, _P, _SIZE, _SIZE, ctypes.c_float, _P, _P, _THREADS],
+    "rms_norm_backward": [_P, _P, _P, _P, _SIZE, _SIZE, _P, _P, _P, _THREADS],
+    "swiglu_forward": [_P, _P, _SIZE, _P, _THREADS],
+    "swiglu_backward": [_P, _P, _P, _SIZE, _P, _P, _THREADS]})
+unavailable_reason = _KERNELS.unavailable_reason
 
 
 def supports(*tensors: torch.Tensor) -> bool:
@@ -65,8 +53,8 @@ class _RMSNorm(torch.autograd.Function):
         rows = x.reshape(-1, hidden).contiguous()
         weight_ = weight.detach().contiguous()
         out, inv = torch.empty_like(rows), torch.empty(rows.shape[0])
-        _library().rms_norm_forward(rows.data_ptr(), weight_.data_ptr(), rows.shape[0], hidden, eps, out.data_ptr(),
-                                    inv.data_ptr(), torch.get_num_threads())
+        _KERNELS.loaded().rms_norm_forward(rows.data_ptr(), weight_.data_ptr(), rows.shape[0], hidden, eps,
+                                           out.data_ptr(), inv.data_ptr(), torch.get_num_threads())
         ctx.save_for_backward(rows, weight_, inv)
         return out.view(x.shape)
 
@@ -77,9 +65,9 @@ class _RMSNorm(torch.autograd.Function):
         grad_x, grad_weight = torch.empty_like(rows), torch.empty_like(weight)
         threads = torch.get_num_threads()
         partial = torch.empty(threads, rows.shape[1])  # each thread's share of the weight gradient
-        _library().rms_norm_backward(rows.data_ptr(), weight.data_ptr(), inv.data_ptr(), grad.data_ptr(),
-                                     rows.shape[0], rows.shape[1], grad_x.data_ptr(), grad_weight.data_ptr(),
-                                     partial.data_ptr(), threads)
+        _KERNELS.loaded().rms_norm_backward(rows.data_ptr(), weight.data_ptr(), inv.data_ptr(), grad.data_ptr(),
+                                            rows.shape[0], rows.shape[1], grad_x.data_ptr(), grad_weight.data_ptr(),
+                                            partial.data_ptr(), threads)
         return grad_x.view(grad_out.shape), grad_weight, None
 
 
@@ -88,7 +76,8 @@ class _SwiGLU(torch.autograd.Function):
     def forward(ctx, gate, up):
         gate, up = gate.contiguous(), up.contiguous()
         out = torch.empty_like(gate)
-        _library().swiglu_forward(gate.data_ptr(), up.data_ptr(), gate.numel(), out.data_ptr(), torch.get_num_threads())
+        _KERNELS.loaded().swiglu_forward(gate.data_ptr(), up.data_ptr(), gate.numel(), out.data_ptr(),
+                                         torch.get_num_threads())
         ctx.save_for_backward(gate, up)
         return out
 
@@ -97,8 +86,8 @@ class _SwiGLU(torch.autograd.Function):
         gate, up = ctx.saved_tensors
         grad_out = grad_out.contiguous()
         grad_gate, grad_up = torch.empty_like(gate), torch.empty_like(up)
-        _library().swiglu_backward(gate.data_ptr(), up.data_ptr(), grad_out.data_ptr(), gate.numel(),
-                                   grad_gate.data_ptr(), grad_up.data_ptr(), torch.get_num_threads())
+        _KERNELS.loaded().swiglu_backward(gate.data_ptr(), up.data_ptr(), grad_out.data_ptr(), gate.numel(),
+                                          grad_gate.data_ptr(), grad_up.data_ptr(), torch.get_num_threads())
         return grad_gate, grad_up
 
 
