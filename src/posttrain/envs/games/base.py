@@ -43,7 +43,33 @@ def seed_tasks(game: str, split: str, num_train: int = 1000, num_eval: int = 200
     return [Task(id=f"{game}-{s}", prompt="", metadata={"seed": s}) for s in range(start, start + n)]
 
 
-class TextGame(AECEnv):
+class SeededTextSpaces:
+    """What the games here share: text observation and action spaces, seeds as tasks
+    (:func:`seed_tasks`), and the seed of a reset (``seed``, else the task's)."""
+
+    game: str
+    num_train: int
+    num_eval: int
+
+    @functools.lru_cache(maxsize=None)
+    def observation_space(self, agent: str) -> Text:
+        return text_space()
+
+    @functools.lru_cache(maxsize=None)
+    def action_space(self, agent: str) -> Text:
+        return text_space()
+
+    def tasks(self, split: str) -> list[Task]:
+        return seed_tasks(self.game, split, self.num_train, self.num_eval)
+
+    @staticmethod
+    def reset_seed(seed: int | None, options: dict | None) -> int | None:
+        """``seed``, or where it is None the seed of the task in ``options`` (``{"task": Task}``)."""
+        task = (options or {}).get("task")
+        return task.metadata.get("seed") if seed is None and isinstance(task, Task) else seed
+
+
+class TextGame(SeededTextSpaces, AECEnv):
     """Turn-cycling text game. Subclasses set ``possible_agents`` and ``game`` and implement
     :meth:`_start` (new game state, first messages), :meth:`_play` (apply one parsed move),
     :meth:`parse` (text -> move or None), :meth:`legal_moves` and :meth:`state_text`."""
@@ -69,22 +95,8 @@ class TextGame(AECEnv):
 
     # -------------------------------------------------------------- PettingZoo API
 
-    @functools.lru_cache(maxsize=None)
-    def observation_space(self, agent: str) -> Text:
-        return text_space()
-
-    @functools.lru_cache(maxsize=None)
-    def action_space(self, agent: str) -> Text:
-        return text_space()
-
-    def tasks(self, split: str) -> list[Task]:
-        return seed_tasks(self.game, split, self.num_train, self.num_eval)
-
     def reset(self, seed: int | None = None, options: dict | None = None) -> None:
-        task = (options or {}).get("task")
-        if seed is None and isinstance(task, Task):
-            seed = task.metadata.get("seed")
-        self.rng = random.Random(seed)
+        self.rng = random.Random(self.reset_seed(seed, options))
         self.agents = list(self.possible_agents)
         self.rewards = {a: 0.0 for a in self.agents}
         self._cumulative_rewards = {a: 0.0 for a in self.agents}

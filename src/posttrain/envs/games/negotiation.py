@@ -14,15 +14,13 @@ after ``max_invalid`` of them the game ends without a deal.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import random
 import re
 
 from pettingzoo import ParallelEnv
 
-from posttrain.envs.games.base import MAX_TEXT, seed_tasks, text_space
-from posttrain.types import Task
+from posttrain.envs.games.base import MAX_TEXT, SeededTextSpaces
 
 ITEMS = ("books", "hats", "balls")
 TOTAL_VALUE = 10
@@ -44,7 +42,7 @@ def _value_vectors(pool: tuple[int, ...]) -> list[tuple[int, ...]]:
             if value_of(pool, v) == TOTAL_VALUE]
 
 
-class Negotiation(ParallelEnv):
+class Negotiation(SeededTextSpaces, ParallelEnv):
     """Agents ``alice`` and ``bob``; an action is a claim, three numbers (books hats balls)."""
 
     metadata = {"name": "negotiation", "render_modes": ["ansi"]}
@@ -62,22 +60,8 @@ class Negotiation(ParallelEnv):
         self.render_mode = render_mode
         self.agents: list[str] = []
 
-    @functools.lru_cache(maxsize=None)
-    def observation_space(self, agent: str):
-        return text_space()
-
-    @functools.lru_cache(maxsize=None)
-    def action_space(self, agent: str):
-        return text_space()
-
-    def tasks(self, split: str) -> list[Task]:
-        return seed_tasks(self.game, split, self.num_train, self.num_eval)
-
     def reset(self, seed: int | None = None, options: dict | None = None):
-        task = (options or {}).get("task")
-        if seed is None and isinstance(task, Task):
-            seed = task.metadata.get("seed")
-        rng = random.Random(seed)
+        rng = random.Random(self.reset_seed(seed, options))
         vectors: list[tuple[int, ...]] = []
         while len(vectors) < 2:  # (3, 3, 3) has no values adding up to 10: draw the pool again
             self.pool = tuple(rng.randint(1, 3) for _ in ITEMS)

@@ -18,18 +18,16 @@ twice in a row, this env is turn-based and converts to a ParallelEnv with Pettin
 
 from __future__ import annotations
 
-import functools
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pettingzoo import AECEnv
 
-from posttrain.envs.games.base import MAX_TEXT, seed_tasks, text_space
-from posttrain.types import Task
+from posttrain.envs.games.base import MAX_TEXT, SeededTextSpaces
 
 
-class TextArenaGame(AECEnv):
+class TextArenaGame(SeededTextSpaces, AECEnv):
     """A two-player TextArena game; agents ``player_0`` and ``player_1``."""
 
     metadata = {"name": "textarena", "render_modes": ["ansi"], "is_parallelizable": False}
@@ -66,23 +64,9 @@ class TextArenaGame(AECEnv):
             self._rng_state = random.getstate()
             random.setstate(outer)
 
-    @functools.lru_cache(maxsize=None)
-    def observation_space(self, agent: str):
-        return text_space()
-
-    @functools.lru_cache(maxsize=None)
-    def action_space(self, agent: str):
-        return text_space()
-
-    def tasks(self, split: str) -> list[Task]:
-        return seed_tasks(self.game, split, self.num_train, self.num_eval)
-
     def reset(self, seed: int | None = None, options: dict | None = None) -> None:
-        task = (options or {}).get("task")
-        if seed is None and isinstance(task, Task):
-            seed = task.metadata.get("seed")
         with self._own_random():
-            self._env.reset(num_players=2, seed=seed)
+            self._env.reset(num_players=2, seed=self.reset_seed(seed, options))
         self.agents = list(self.possible_agents)
         self.rewards = {a: 0.0 for a in self.agents}
         self._cumulative_rewards = {a: 0.0 for a in self.agents}
