@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posttrain.models import decode_layer, panel_linear
+from posttrain.models import decode_layer, native, panel_dot, panel_linear
 from posttrain.models.cpu_probe import narrow_decode_kernel, narrow_decode_seconds, wide_decode_kernel
 from posttrain.models.decode_kernels import FP32_KERNELS, KERNELS
 from posttrain.models.probe_cache import cpuinfo
@@ -86,6 +86,53 @@ def test_panel_kernel_computes_any_shape_with_and_without_bias(outputs, inputs, 
     assert torch.allclose(panel_linear.linear(packed, None, x), F.linear(x, weight), atol=1e-5)
     with pytest.raises(ValueError, match=rf"\[rows, {inputs}\]"):
         panel_linear.linear(packed, None, torch.randn(rows, inputs + 1))
+
+
+def test_dot_kernel_builds_wherever_the_cpu_has_avx512_bf16():
+    """Not a silent fallback: where the CPU reports the instructions it uses, a broken build fails here."""
+    flags = set(cpuinfo().get("flags", "").split())
+    if not _can_build_panel_kernel():
+        pytest.skip("our kernels need x86-64 with AVX2/FMA and a C compiler")
+    if {"avx512f", "avx512bw", "avx512_bf16"} <= flags:
+        assert panel_dot.unavailable_reason() is None
+    else:
+        assert panel_dot.unavailable_reason().startswith("the CPU has no avx512")
+        with pytest.raises(RuntimeError, match="cannot run here: the CPU has no avx512"):
+            KERNELS["dot bf16"].prepare(torch.randn(16, 16), 16)
+
+
+def test_a_kernel_that_needs_cpu_flags_is_not_loaded_where_they_are_missing(monkeypatch):
+    """Its instructions would stop the process: a CPU without them gets the reason, never the library."""
+    flags = cpuinfo().get("flags", "").split()
+    monkeypatch.setattr(native, "cpuinfo", lambda: {"flags": " ".join(f for f in flags if f != "avx512_bf16")})
+    kernels = native.Kernels(panel_dot.SOURCE, "bf16 dot-product matmul kernel", {}, needs=("avx512_bf16",))
+    reason = kernels.unavailable_reason()
+    assert reason is not None and ("avx512_bf16" in reason or not _can_build_panel_kernel())
+
+
+@pytest.mark.parametrize("outputs,inputs", [(1, 1), (17, 37), (50, 64), (33, 575)])
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 33])
+def test_dot_kernel_computes_any_shape_with_and_without_bias(outputs, inputs, rows):
+    if panel_dot.unavailable_reason():
+        pytest.skip(panel_dot.unavailable_reason())
+    torch.manual_seed(rows)
+    weight, bias, x = torch.randn(outputs, inputs), torch.randn(outputs), torch.randn(rows, inputs)
+    packed = panel_dot.pack(weight)
+    # the products of bf16-rounded inputs and weights, summed in float32
+    rounded_x, rounded_w = x.bfloat16().float(), weight.bfloat16().float()
+    assert torch.allclose(panel_dot.linear(packed, bias, x), F.linear(rounded_x, rounded_w, bias), atol=1e-4)
+    assert torch.allclose(panel_dot.linear(packed, None, x), F.linear(rounded_x, rounded_w), atol=1e-4)
+    with pytest.raises(ValueError, match=rf"\[rows, {inputs}\]"):
+        panel_dot.linear(packed, None, torch.randn(rows, inputs + 1))
+
+
+def test_dot_kernel_rounds_its_inputs_to_bf16_as_pytorch_does():
+    if panel_dot.unavailable_reason():
+        pytest.skip(panel_dot.unavailable_reason())
+    x = torch.randn(7, 45) * torch.logspace(-30, 30, 45)  # ties, tiny and huge values; an odd width
+    x[0, :3] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8)])  # exact ties: to the even neighbour
+    identity = panel_dot.pack(torch.eye(45))
+    assert torch.equal(panel_dot.linear(identity, None, x), x.bfloat16().float())
 
 
 def test_a_failed_panel_build_says_why_and_the_other_kernels_serve(monkeypatch, tmp_path):

@@ -5,7 +5,8 @@ PyTorch's own ``F.linear`` on plain row-major weights (MKL, and its matrix-vecto
 row), or our own kernel on weights in panels of 16 outputs (:mod:`posttrain.models.panel_linear`,
 AVX2 CPUs with a C compiler); with float32 weights, or bf16 ones (half the bytes to read; plain
 and panel bf16 weights are widened to float32 as they are read, packed ones run on bf16
-dot-product units where the CPU has them). Which is fastest differs by CPU and by the number of
+dot-product units where the CPU has them, as does our "dot bf16" kernel, :mod:`posttrain.models.panel_dot`,
+on CPUs with AVX512-BF16). Which is fastest differs by CPU and by the number of
 rows, so :mod:`posttrain.models.cpu_probe` times them and :mod:`posttrain.rollout.fast_decode`
 runs each step on the kernel chosen for its width.
 """
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from posttrain.models import native, panel_linear
+from posttrain.models import native, panel_dot, panel_linear
 from posttrain.models.packed_linear import _pack, _packed_linear
 
 
@@ -57,11 +58,13 @@ def _panel(dtype: torch.dtype) -> Kernel:
 
 KERNELS = {"packed fp32": _packed(torch.float32), "plain fp32": _plain(torch.float32),
            "panel fp32": _panel(torch.float32), "packed bf16": _packed(torch.bfloat16),
-           "plain bf16": _plain(torch.bfloat16), "panel bf16": _panel(torch.bfloat16)}
+           "plain bf16": _plain(torch.bfloat16), "panel bf16": _panel(torch.bfloat16),
+           "dot bf16": Kernel(lambda w, rows: panel_dot.pack(w), panel_dot.linear, torch.bfloat16, torch.float32)}
 FP32_KERNELS = ("packed fp32", "plain fp32", "panel fp32")
 
 
 def definitions() -> str:
-    """This module's source and the panel kernel's C source: what timings of these kernels depend on
-    in our code (the decode-kernel probes of :mod:`posttrain.models.cpu_probe` measure again when it changes)."""
-    return inspect.getsource(sys.modules[__name__]) + native.source_text(panel_linear.SOURCE)
+    """This module's source and our kernels' C sources: what timings of these kernels depend on in our
+    code (the decode-kernel probes of :mod:`posttrain.models.cpu_probe` measure again when it changes)."""
+    return (inspect.getsource(sys.modules[__name__]) + native.source_text(panel_linear.SOURCE)
+            + native.source_text(panel_dot.SOURCE))

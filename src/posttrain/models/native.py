@@ -1,5 +1,5 @@
-"""Our C kernels (``panel_gemm.c``, ``decode_layer.c``, ``train_attention.c``, ``train_elementwise.c``), compiled
-on first use with the system's C compiler.
+"""Our C kernels (``panel_gemm.c``, ``panel_dot.c``, ``decode_layer.c``, ``train_attention.c``,
+``train_elementwise.c``), compiled on first use with the system's C compiler.
 
 Each source is compiled once per machine into the posttrain cache directory (next to the CPU
 probe's file: :func:`posttrain.models.probe_cache.cache_dir`) with ``$CC`` or ``cc``, ``-O3 -mavx2
@@ -66,13 +66,18 @@ def _build(source: Path, compiler: str) -> Path:
     raise OSError("no writable directory for the compiled kernel")
 
 
-def load(source: Path) -> ctypes.CDLL | str:
-    """``source`` compiled and loaded, or why it cannot be here."""
+def load(source: Path, needs: tuple[str, ...] = ()) -> ctypes.CDLL | str:
+    """``source`` compiled and loaded, or why it cannot be here. ``needs``: the CPU flags (as
+    /proc/cpuinfo names them) it runs on besides AVX2 and FMA, for a source that asks the compiler for
+    more (``#pragma GCC target``): its instructions would stop the process where they are missing."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"not an x86-64 CPU ({platform.machine()})"
     flags = set(cpuinfo().get("flags", "").split())
     if not {"avx2", "fma"} <= flags:
         return "the CPU has no AVX2 and FMA"
+    missing = [flag for flag in needs if flag not in flags]
+    if missing:
+        return f"the CPU has no {', '.join(missing)}"
     compiler = _compiler()
     if compiler is None:
         return "no C compiler (cc, or $CC)"
@@ -86,17 +91,18 @@ class Kernels:
     """The functions of one C source, loaded on first use (:func:`load`) with their ctypes signatures.
 
     ``signatures`` maps a function's name to its argument types, or to (argument types, return type);
-    ``what`` names the kernels in the error of :meth:`loaded`.
+    ``what`` names the kernels in the error of :meth:`loaded`; ``needs``: CPU flags, as for :func:`load`.
     """
 
-    def __init__(self, source: Path, what: str, signatures: dict[str, list | tuple[list, Any]]) -> None:
-        self.source, self.what, self.signatures = source, what, signatures
+    def __init__(self, source: Path, what: str, signatures: dict[str, list | tuple[list, Any]],
+                 needs: tuple[str, ...] = ()) -> None:
+        self.source, self.what, self.signatures, self.needs = source, what, signatures, needs
         self._library: ctypes.CDLL | str | None = None
 
     def library(self) -> ctypes.CDLL | str:
         """The loaded library, or why there is none (built or found once per process)."""
         if self._library is None:
-            lib = load(self.source)
+            lib = load(self.source, self.needs)
             if not isinstance(lib, str):
                 for name, signature in self.signatures.items():
                     argtypes, restype = signature if isinstance(signature, tuple) else (signature, None)

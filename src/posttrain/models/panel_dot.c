@@ -1,0 +1,93 @@
+/* y[M, N] = x[M, K] W^T + b for the rows of a decode step, on AVX512-BF16's dot-product instruction.
+ *
+ * The weight W [N, K] is bf16, stored once as panels of 16 outputs, each panel ceil(K / 2) pairs of
+ * inputs x 16 outputs x 2 (panel p, pair j holds W[16p + o][2j], W[16p + o][2j + 1] for o = 0..15: one
+ * 64-byte vector; posttrain.models.panel_dot packs it). The rows of x are rounded to bf16 once per call
+ * (to nearest even, as PyTorch rounds; a denormal input counts as zero), so that a 32-bit broadcast
+ * holds one row's pair of inputs, and vdpbf16ps adds both products of 16 outputs into float32 sums:
+ * 32 multiply-adds an instruction, where panel_gemm.c's bf16 kernel widens the weights and does 8 per
+ * FMA. A thread takes a contiguous range of panels; for each it walks the rows in blocks of up to 16,
+ * with one vector of sums a row in registers; the first block reads the panel from memory and asks
+ * for the next one while it runs.
+ *
+ * Why our own: at 16 rows (the demo's decode steps) oneDNN's bf16 linear ran the default model's
+ * matmuls well below both the bf16 units' and the memory's bound on a Zen 4 EPYC (see
+ * posttrain.models.panel_dot for the figures). Which kernel serves a step is measured per machine
+ * (posttrain.models.cpu_probe); this one runs only on CPUs that report AVX512F and AVX512-BF16.
+ */
+#pragma GCC target("avx512f,avx512bw,avx512bf16")
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#define PANEL 16
+#define BLOCK 16
+
+typedef uint16_t bf16;
+
+/* x [M, K] float32 -> xb [M, K2] pairs of bf16 (K2 = ceil(K / 2); an odd K's last pair ends in zero). */
+static void round_rows(const float *x, int64_t M, int64_t K, int64_t K2, bf16 *xb) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *row = x + m * K;
+        bf16 *out = xb + m * 2 * K2;
+        int64_t k = 0;
+        for (; k + 32 <= K; k += 32) {
+            __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + k + 16), _mm512_loadu_ps(row + k));
+            _mm512_storeu_si512((void *)(out + k), (__m512i)pair);
+        }
+        if (k < K) {
+            __mmask16 lo = (__mmask16)((K - k) >= 16 ? 0xFFFF : ((1u << (K - k)) - 1));
+            __mmask16 hi = (__mmask16)((K - k) <= 16 ? 0 : ((1u << (K - k - 16)) - 1));
+            __m512 a = _mm512_maskz_loadu_ps(lo, row + k), b = _mm512_maskz_loadu_ps(hi, row + k + 16);
+            __m512i pair = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+            _mm512_mask_storeu_epi16(out + k, (__mmask32)((1ull << (2 * K2 - k)) - 1), pair);
+        }
+    }
+}
+
+#define MICRO(MR)                                                                                   \
+    static void micro_##MR(const uint32_t *xp, int64_t K2, const bf16 *wp, const bf16 *next,       \
+                           float out[BLOCK][PANEL]) {                                               \
+        __m512 acc[MR];                                                                             \
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) acc[i] = _mm512_setzero_ps();         \
+        for (int64_t j = 0; j < K2; j++) {                                                          \
+            __m512bh w = (__m512bh)_mm512_loadu_si512((const void *)(wp + j * 2 * PANEL));          \
+            if (next) _mm_prefetch((const char *)(next + j * 2 * PANEL), _MM_HINT_T1);              \
+            _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                                   \
+                acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_set1_epi32((int)xp[i * K2 + j]), w); \
+        }                                                                                           \
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) _mm512_storeu_ps(out[i], acc[i]);     \
+    }
+
+MICRO(1) MICRO(2) MICRO(3) MICRO(4) MICRO(5) MICRO(6) MICRO(7) MICRO(8)
+MICRO(9) MICRO(10) MICRO(11) MICRO(12) MICRO(13) MICRO(14) MICRO(15) MICRO(16)
+
+static void (*const micros[BLOCK + 1])(const uint32_t *, int64_t, const bf16 *, const bf16 *, float[BLOCK][PANEL]) = {
+    0, micro_1, micro_2, micro_3, micro_4, micro_5, micro_6, micro_7, micro_8,
+    micro_9, micro_10, micro_11, micro_12, micro_13, micro_14, micro_15, micro_16};
+
+/* y [M, N] = x [M, K] W^T (+ bias [N] when not NULL), float32; wp [ceil(N / 16), ceil(K / 2), 16, 2] bf16,
+ * outputs past N zero; xb: scratch for M * 2 * ceil(K / 2) bf16. */
+void panel_dot_bf16(const float *x, int64_t M, int64_t K, const bf16 *wp, int64_t N, const float *bias,
+                   float *y, bf16 *xb, int threads) {
+    int64_t K2 = (K + 1) / 2, panels = (N + PANEL - 1) / PANEL;
+    round_rows(x, M, K, K2, xb);
+    const uint32_t *xp = (const uint32_t *)xb;
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")
+    for (int64_t p = 0; p < panels; p++) {
+        const bf16 *w = wp + p * K2 * 2 * PANEL;
+        int64_t n0 = p * PANEL, width = N - n0 < PANEL ? N - n0 : PANEL;
+        float out[BLOCK][PANEL];
+        for (int64_t m = 0; m < M; m += BLOCK) {
+            int rows = M - m < BLOCK ? (int)(M - m) : BLOCK;
+            micros[rows](xp + m * K2, K2, w, m == 0 && p + 1 < panels ? w + K2 * 2 * PANEL : 0, out);
+            for (int i = 0; i < rows; i++) {
+                float *dst = y + (m + i) * N + n0;
+                if (bias)
+                    for (int o = 0; o < width; o++) dst[o] = out[i][o] + bias[n0 + o];
+                else
+                    memcpy(dst, out[i], width * sizeof(float));
+            }
+        }
+    }
+}
