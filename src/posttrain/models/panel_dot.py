@@ -1,12 +1,14 @@
 """Our own bf16 matmul for decode steps on CPUs with AVX512-BF16 (``panel_dot.c``).
 
 On such CPUs a decode step of 16 rows (the demo's: 2 prompts x 8 samples) ran its bf16 matmuls on
-oneDNN's linear at about half of what the bf16 dot-product units and the memory allow (Zen 4 EPYC,
-2 threads: the default model's 121 matmuls in 17 ms a step, where reading its 270 MB of bf16 weights
-takes about 9 ms and their 4.3 GFLOP about as long). The kernel keeps each weight in panels of 16
-outputs by pairs of inputs, one 64-byte vector per pair, and multiplies them with vdpbf16ps
-(32 multiply-adds an instruction) against the rows rounded to bf16 once per call; sums and the
-result stay float32. Built on first use (:mod:`posttrain.models.native`) where the CPU reports
+oneDNN's linear well below what the bf16 dot-product units and the memory allow: on a Zen 4 EPYC
+(2 threads) the default model's 121 matmuls took about 20 ms, where reading its 270 MB of bf16
+weights takes about 9 ms and their 4.3 GFLOP about as long. The kernel keeps each weight in panels
+of 16 outputs by pairs of inputs, one 64-byte vector per pair, and multiplies them with vdpbf16ps
+(32 multiply-adds an instruction) against the rows rounded to bf16 once per call; sums and results
+stay float32. There, one process with the kernels in turns: 14.3 / 25.5 / 47.7 ms at 16 / 32 / 64
+rows against oneDNN's 20.4 / 31.2 / 52.2, 10.6 against 14.4 (our AVX2 panel kernel in bf16) at 8,
+level with it at one row. Built on first use (:mod:`posttrain.models.native`) where the CPU reports
 AVX512F, AVX512BW and AVX512-BF16, and used only where :mod:`posttrain.models.cpu_probe` measured it
 fastest for the step's width.
 """
