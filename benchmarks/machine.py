@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Callable
+from types import ModuleType
 
 from posttrain.models import decode_layer, train_attention, train_elementwise
 from posttrain.models.cpu_probe import (ONEDNN_TRAINING_THRESHOLD, bf16_decode_speedup, bf16_training_speedup, cpu_flags,
@@ -61,27 +63,27 @@ def bf16_line() -> str:
     return f"no bf16 units: bf16 vs fp32 one-row decoding {narrow_bf16_decode_speedup():.2f}x; {narrow}"
 
 
+def kernel_line(work: str, module: ModuleType, pays: Callable[[], bool], speedup: Callable[[], float],
+                theirs: str) -> str:
+    """What ``work`` runs on: our kernels (``module``'s) where they measured faster, else ``theirs``."""
+    if module.unavailable_reason():
+        return f"{work} on {theirs} (no kernels: {module.unavailable_reason()})"
+    where = "our kernels" if pays() else theirs
+    return f"{work} on {where} (ours vs {theirs.removesuffix(' operations')} {speedup():.2f}x)"
+
+
 def layer_line() -> str:
-    """What decode steps run a layer's work besides its matmuls on: our kernels where they measured
-    faster, else PyTorch's operations."""
-    if decode_layer.unavailable_reason():
-        return f"decode layers' non-matmul work on PyTorch's operations (no kernels: {decode_layer.unavailable_reason()})"
-    where = "our kernels" if native_layer_pays() else "PyTorch's operations"
-    return f"decode layers' non-matmul work on {where} (ours vs PyTorch's {native_layer_speedup():.2f}x)"
+    """What decode steps run a layer's work besides its matmuls on."""
+    return kernel_line("decode layers' non-matmul work", decode_layer, native_layer_pays, native_layer_speedup,
+                       "PyTorch's operations")
 
 
 def attention_line() -> str:
-    """What a packed training pass's attention runs on: our kernels where they measured faster, else SDPA."""
-    if train_attention.unavailable_reason():
-        return f"training attention on SDPA (no kernels: {train_attention.unavailable_reason()})"
-    where = "our kernels" if train_attention_pays() else "SDPA"
-    return f"training attention on {where} (ours vs SDPA {train_attention_speedup():.2f}x)"
+    """What a packed training pass's attention runs on."""
+    return kernel_line("training attention", train_attention, train_attention_pays, train_attention_speedup, "SDPA")
 
 
 def elementwise_line() -> str:
-    """What a float32 training pass's RMSNorm and SwiGLU run on: our kernels where they measured faster, else
-    PyTorch's operations."""
-    if train_elementwise.unavailable_reason():
-        return f"training RMSNorm/SwiGLU on PyTorch's operations (no kernels: {train_elementwise.unavailable_reason()})"
-    where = "our kernels" if train_elementwise_pays() else "PyTorch's operations"
-    return f"training RMSNorm/SwiGLU on {where} (ours vs PyTorch's {train_elementwise_speedup():.2f}x)"
+    """What a float32 training pass's RMSNorm and SwiGLU run on."""
+    return kernel_line("training RMSNorm/SwiGLU", train_elementwise, train_elementwise_pays,
+                       train_elementwise_speedup, "PyTorch's operations")

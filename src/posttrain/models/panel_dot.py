@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from posttrain.models import native
+from posttrain.models.panel_linear import float32_operands
 
 SOURCE = Path(__file__).with_name("panel_dot.c")
 PANEL = 16  # outputs per panel, as in panel_dot.c
@@ -59,13 +60,7 @@ def pack(weight: torch.Tensor) -> PairedWeight:
 
 def linear(weight: PairedWeight, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
     """x ``[rows, inputs]`` W^T + b, float32 ``[rows, outputs]``: x rounded to bf16, products summed in float32."""
-    x = x.to(torch.float32).contiguous()
-    if x.dim() != 2 or x.shape[1] != weight.inputs:
-        raise ValueError(f"expected inputs of shape [rows, {weight.inputs}], got {list(x.shape)}")
-    if bias is not None:
-        bias = bias.to(torch.float32).contiguous()
-        if bias.shape != (weight.outputs,):
-            raise ValueError(f"expected a bias of shape [{weight.outputs}], got {list(bias.shape)}")
+    x, bias = float32_operands(x, bias, weight.inputs, weight.outputs)
     rows = x.shape[0]
     out = torch.empty(rows, weight.outputs)
     rounded = torch.empty(rows, 2 * weight.panels.shape[1], dtype=torch.bfloat16)  # the kernel's scratch

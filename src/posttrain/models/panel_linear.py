@@ -58,16 +58,24 @@ def pack(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> PanelWeigh
     return PanelWeight(panels, outputs)
 
 
-def linear(weight: PanelWeight, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
-    """x ``[rows, inputs]`` W^T + b, float32 ``[rows, outputs]`` (float32 sums whatever the weights' dtype)."""
+def float32_operands(x: torch.Tensor, bias: torch.Tensor | None, inputs: int,
+                     outputs: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``x`` ``[rows, inputs]`` and ``bias`` ``[outputs]`` (or None) as contiguous float32, as our decode
+    matmul kernels read them; ValueError for other shapes."""
     x = x.to(torch.float32).contiguous()
-    inputs = weight.panels.shape[1]
     if x.dim() != 2 or x.shape[1] != inputs:
         raise ValueError(f"expected inputs of shape [rows, {inputs}], got {list(x.shape)}")
     if bias is not None:
         bias = bias.to(torch.float32).contiguous()
-        if bias.shape != (weight.outputs,):
-            raise ValueError(f"expected a bias of shape [{weight.outputs}], got {list(bias.shape)}")
+        if bias.shape != (outputs,):
+            raise ValueError(f"expected a bias of shape [{outputs}], got {list(bias.shape)}")
+    return x, bias
+
+
+def linear(weight: PanelWeight, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """x ``[rows, inputs]`` W^T + b, float32 ``[rows, outputs]`` (float32 sums whatever the weights' dtype)."""
+    inputs = weight.panels.shape[1]
+    x, bias = float32_operands(x, bias, inputs, weight.outputs)
     lib = _KERNELS.loaded()
     kernel = lib.panel_linear_bf16 if weight.panels.dtype == torch.bfloat16 else lib.panel_linear_f32
     out = torch.empty(x.shape[0], weight.outputs)
