@@ -36,12 +36,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from posttrain.models import load_model
-from posttrain.models.attention import use_posttrain_attention
 from posttrain.models.cpu_probe import has_bf16_units, onednn_training_pays
 from posttrain.models.logprobs import policy_forward
 from posttrain.models.onednn_linear import onednn_training
 from posttrain.models.packed_linear import packing_available
-from posttrain.models.train_elementwise import use_fused_norm_mlp
+from posttrain.models.policy import use_training_kernels
 
 from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
 
@@ -116,8 +115,7 @@ def main() -> None:
     from rich.table import Table
 
     model = load_model(MODEL).train()
-    use_posttrain_attention(model)  # as the trainer's policy on CPU
-    use_fused_norm_mlp(model)
+    use_training_kernels(model)  # as the trainer's policy on CPU
     vocab = model.config.vocab_size
     shapes = {
         "GRPO 2 prompts x 8, 35 + 64 tokens": batch_shape(16, 35, 64, 2, vocab),

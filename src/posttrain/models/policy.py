@@ -21,6 +21,14 @@ from posttrain.models.train_elementwise import use_fused_norm_mlp
 from posttrain.models.packed_linear import pack_frozen_linears
 
 
+def use_training_kernels(model: torch.nn.Module) -> None:
+    """The training pass's own layers for ``model``, as every model posttrain trains or scores runs them:
+    packed attention without padding (float32 attention on our kernels on the CPU) and float32 RMSNorm and
+    SwiGLU on our kernels on the CPU, each where it applies and measured faster."""
+    use_posttrain_attention(model)
+    use_fused_norm_mlp(model)
+
+
 class Policy:
     """A causal LM being trained, with helpers the trainer and the rollout share.
 
@@ -38,8 +46,7 @@ class Policy:
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.autocast_dtype = autocast_dtype(cfg, self.device, sampler_dtype)
-        use_posttrain_attention(self.model)  # packed training passes; float32 attention on the CPU
-        use_fused_norm_mlp(self.model)  # float32 RMSNorm and SwiGLU on our kernels on the CPU
+        use_training_kernels(self.model)
         self._reference = None
         if need_reference and not isinstance(model, PeftModel):
             self._reference = copy.deepcopy(self.model).eval().requires_grad_(False)

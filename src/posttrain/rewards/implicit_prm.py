@@ -27,11 +27,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from posttrain.models.attention import use_posttrain_attention
-from posttrain.models.train_elementwise import use_fused_norm_mlp
 from posttrain.models.loading import load_model, load_tokenizer
 from posttrain.models.logprobs import token_logprobs
 from posttrain.models.packed_linear import pack_frozen_linears
+from posttrain.models.policy import use_training_kernels
 from posttrain.rewards.prm import step_ends
 from posttrain.rewards.reward_model import padded
 from posttrain.train.optimizer import adamw
@@ -89,8 +88,7 @@ class ImplicitPRMScorer:
         self.model = load_model(model)
         self.reference = load_model(model).eval().requires_grad_(False)
         for m in (self.model, self.reference):  # packed passes, without padding, fused layers (as the policy's)
-            use_posttrain_attention(m)
-            use_fused_norm_mlp(m)
+            use_training_kernels(m)
         pack_frozen_linears(self.reference)  # the frozen copy only ever runs forward
         self.tokenizer = load_tokenizer(model)
         self.beta, self.updates, self.batch_size, self.delimiter = beta, updates, batch_size, delimiter
