@@ -43,6 +43,17 @@ def seed_tasks(game: str, split: str, num_train: int = 1000, num_eval: int = 200
     return [Task(id=f"{game}-{s}", prompt="", metadata={"seed": s}) for s in range(start, start + n)]
 
 
+def begin_episode(env: AECEnv) -> None:
+    """PettingZoo's bookkeeping at the start of a game: every agent in play, no rewards yet, nothing
+    ended, and the infos every game here reports (invalid moves, payoff, outcome) at their start."""
+    env.agents = list(env.possible_agents)
+    env.rewards = {a: 0.0 for a in env.agents}
+    env._cumulative_rewards = {a: 0.0 for a in env.agents}
+    env.terminations = {a: False for a in env.agents}
+    env.truncations = {a: False for a in env.agents}
+    env.infos = {a: {"invalid_moves": 0, "payoff": 0.0, "outcome": None} for a in env.agents}
+
+
 class SeededTextSpaces:
     """What the games here share: text observation and action spaces, seeds as tasks
     (:func:`seed_tasks`), and the seed of a reset (``seed``, else the task's)."""
@@ -97,12 +108,7 @@ class TextGame(SeededTextSpaces, AECEnv):
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> None:
         self.rng = random.Random(self.reset_seed(seed, options))
-        self.agents = list(self.possible_agents)
-        self.rewards = {a: 0.0 for a in self.agents}
-        self._cumulative_rewards = {a: 0.0 for a in self.agents}
-        self.terminations = {a: False for a in self.agents}
-        self.truncations = {a: False for a in self.agents}
-        self.infos = {a: {"invalid_moves": 0, "payoff": 0.0, "outcome": None} for a in self.agents}
+        begin_episode(self)
         self._inbox = {a: [] for a in self.agents}
         self.agent_selection = self.agents[0]
         self._start()

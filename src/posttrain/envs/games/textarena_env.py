@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 from pettingzoo import AECEnv
 
-from posttrain.envs.games.base import MAX_TEXT, SeededTextSpaces
+from posttrain.envs.games.base import MAX_TEXT, SeededTextSpaces, begin_episode
 
 
 class TextArenaGame(SeededTextSpaces, AECEnv):
@@ -67,12 +67,7 @@ class TextArenaGame(SeededTextSpaces, AECEnv):
     def reset(self, seed: int | None = None, options: dict | None = None) -> None:
         with self._own_random():
             self._env.reset(num_players=2, seed=self.reset_seed(seed, options))
-        self.agents = list(self.possible_agents)
-        self.rewards = {a: 0.0 for a in self.agents}
-        self._cumulative_rewards = {a: 0.0 for a in self.agents}
-        self.terminations = {a: False for a in self.agents}
-        self.truncations = {a: False for a in self.agents}
-        self.infos = {a: {"invalid_moves": 0, "payoff": 0.0, "outcome": None} for a in self.agents}
+        begin_episode(self)
         self._pending = {a: "" for a in self.agents}
         self._pull_observation()
 
