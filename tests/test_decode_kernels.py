@@ -72,20 +72,49 @@ def test_panel_kernel_builds_wherever_it_can_run():
     assert panel_linear.unavailable_reason() is None
 
 
+def test_panel_kernels_avx512_build_builds_wherever_the_cpu_has_avx512():
+    """Not a silent fallback: where the CPU reports AVX-512, a broken build of it fails here."""
+    if not _can_build_panel_kernel():
+        pytest.skip("our kernels need x86-64 with AVX2/FMA and a C compiler")
+    if "avx512f" in cpuinfo().get("flags", "").split():
+        assert panel_linear.AVX512.unavailable_reason() is None
+    else:
+        assert panel_linear.AVX512.unavailable_reason() == "the CPU has no avx512f"
+        with pytest.raises(RuntimeError, match="AVX-512 build.*cannot run here: the CPU has no avx512f"):
+            KERNELS["panel512 fp32"].prepare(torch.randn(16, 16), 16)
+
+
+BUILDS = {"avx2": panel_linear.AVX2, "avx512": panel_linear.AVX512}
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("outputs,inputs", [(1, 1), (17, 37), (50, 64)])
-@pytest.mark.parametrize("rows", [1, 6, 7, 13])
-def test_panel_kernel_computes_any_shape_with_and_without_bias(outputs, inputs, rows, dtype):
-    if panel_linear.unavailable_reason():
-        pytest.skip(panel_linear.unavailable_reason())
+@pytest.mark.parametrize("outputs,inputs", [(1, 1), (17, 37), (40, 9), (50, 64)])
+@pytest.mark.parametrize("rows", [1, 6, 7, 8, 9, 13, 17])
+def test_panel_kernel_computes_any_shape_with_and_without_bias(outputs, inputs, rows, dtype, build):
+    """Either build, an odd or even count of panels, row counts around each build's blocks (6 and 8)."""
+    if BUILDS[build].unavailable_reason():
+        pytest.skip(BUILDS[build].unavailable_reason())
     torch.manual_seed(rows)
     weight, bias, x = torch.randn(outputs, inputs), torch.randn(outputs), torch.randn(rows, inputs)
-    packed = panel_linear.pack(weight, dtype)
+    packed = panel_linear.pack(weight, dtype, BUILDS[build])
     weight = weight.to(dtype).float()  # bf16 weights: the products of the rounded weights, summed in float32
     assert torch.allclose(panel_linear.linear(packed, bias, x), F.linear(x, weight, bias), atol=1e-5)
     assert torch.allclose(panel_linear.linear(packed, None, x), F.linear(x, weight), atol=1e-5)
     with pytest.raises(ValueError, match=rf"\[rows, {inputs}\]"):
         panel_linear.linear(packed, None, torch.randn(rows, inputs + 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_panel_kernels_two_builds_give_the_same_bits(dtype):
+    """Both add each output's products in the order of the inputs, so a probe's choice between them
+    never changes what is sampled."""
+    if panel_linear.AVX512.unavailable_reason() or panel_linear.unavailable_reason():
+        pytest.skip("needs both builds of the panel kernel")
+    torch.manual_seed(0)
+    weight, bias, x = torch.randn(100, 130), torch.randn(100), torch.randn(19, 130)
+    results = [panel_linear.linear(panel_linear.pack(weight, dtype, build), bias, x) for build in BUILDS.values()]
+    assert torch.equal(results[0], results[1])
 
 
 def test_dot_kernel_builds_wherever_the_cpu_has_avx512_bf16():
@@ -138,7 +167,7 @@ def test_dot_kernel_rounds_its_inputs_to_bf16_as_pytorch_does():
 def test_a_failed_panel_build_says_why_and_the_other_kernels_serve(monkeypatch, tmp_path):
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     monkeypatch.setenv("POSTTRAIN_CACHE_DIR", str(tmp_path))
-    panel_linear._KERNELS.forget()
+    panel_linear.AVX2.forget()
     try:
         reason = panel_linear.unavailable_reason()
         if not _can_build_panel_kernel():
@@ -148,7 +177,7 @@ def test_a_failed_panel_build_says_why_and_the_other_kernels_serve(monkeypatch, 
         with pytest.raises(RuntimeError, match=r"panel matmul kernel \(panel_gemm.c\) cannot run here: false "):
             KERNELS["panel fp32"].prepare(torch.randn(16, 16), 1)
     finally:
-        panel_linear._KERNELS.forget()
+        panel_linear.AVX2.forget()
 
 
 def test_decode_layer_kernels_build_wherever_they_can_run():

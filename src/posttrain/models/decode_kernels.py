@@ -3,8 +3,8 @@
 oneDNN's linear on weights reordered once into its blocked layout (:mod:`posttrain.models.packed_linear`),
 PyTorch's own ``F.linear`` on plain row-major weights (MKL, and its matrix-vector kernel at one
 row), or our own kernel on weights in panels of 16 outputs (:mod:`posttrain.models.panel_linear`,
-AVX2 CPUs with a C compiler); with float32 weights, or bf16 ones (half the bytes to read; plain
-and panel bf16 weights are widened to float32 as they are read, packed ones run on bf16
+AVX2 CPUs with a C compiler; "panel512" is its AVX-512 build); with float32 weights, or bf16 ones
+(half the bytes to read; plain and panel bf16 weights are widened to float32 as they are read, packed ones run on bf16
 dot-product units where the CPU has them, as does our "dot bf16" kernel, :mod:`posttrain.models.panel_dot`,
 on CPUs with AVX512-BF16). Which is fastest differs by CPU and by the number of
 rows, so :mod:`posttrain.models.cpu_probe` times them and :mod:`posttrain.rollout.fast_decode`
@@ -52,15 +52,16 @@ def _packed(dtype: torch.dtype) -> Kernel:
                   dtype, dtype)
 
 
-def _panel(dtype: torch.dtype) -> Kernel:
-    return Kernel(lambda w, rows: panel_linear.pack(w, dtype), panel_linear.linear, dtype, torch.float32)
+def _panel(dtype: torch.dtype, build: native.Kernels = panel_linear.AVX2) -> Kernel:
+    return Kernel(lambda w, rows: panel_linear.pack(w, dtype, build), panel_linear.linear, dtype, torch.float32)
 
 
 KERNELS = {"packed fp32": _packed(torch.float32), "plain fp32": _plain(torch.float32),
-           "panel fp32": _panel(torch.float32), "packed bf16": _packed(torch.bfloat16),
-           "plain bf16": _plain(torch.bfloat16), "panel bf16": _panel(torch.bfloat16),
+           "panel fp32": _panel(torch.float32), "panel512 fp32": _panel(torch.float32, panel_linear.AVX512),
+           "packed bf16": _packed(torch.bfloat16), "plain bf16": _plain(torch.bfloat16),
+           "panel bf16": _panel(torch.bfloat16), "panel512 bf16": _panel(torch.bfloat16, panel_linear.AVX512),
            "dot bf16": Kernel(lambda w, rows: panel_dot.pack(w), panel_dot.linear, torch.bfloat16, torch.float32)}
-FP32_KERNELS = ("packed fp32", "plain fp32", "panel fp32")
+FP32_KERNELS = ("packed fp32", "plain fp32", "panel fp32", "panel512 fp32")
 
 
 def definitions() -> str:

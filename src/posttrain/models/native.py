@@ -7,7 +7,8 @@ probe's file: :func:`posttrain.models.probe_cache.cache_dir`) with ``$CC`` or ``
 No Python headers are involved, so a build takes about a second. The kernels run on PyTorch's own
 OpenMP runtime and thread count. Where one cannot be built (not x86-64, no AVX2 and FMA, no C
 compiler, a failed build) :func:`load` says why, and the operations PyTorch ships serve instead.
-Each kernel module holds one :class:`Kernels` for its source.
+Each kernel module holds one :class:`Kernels` for its source, or one per build where a source is also
+built with more of the CPU's instructions (``panel_gemm.c`` with ``-mavx512f``).
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ def source_text(source: Path) -> str:
     return source.read_text() + "".join(h.read_text() for h in sorted(source.parent.glob("*.h")))
 
 
-def _build(source: Path, compiler: str) -> Path:
+def _build(source: Path, compiler: str, flags: tuple[str, ...] = ()) -> Path:
     """The shared library, compiled unless this source was already compiled with this compiler and flags."""
-    key = hashlib.sha256(f"{source_text(source)} {compiler} {COMPILE_FLAGS}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{source_text(source)} {compiler} {COMPILE_FLAGS} {flags}".encode()).hexdigest()[:16]
     for root in (cache_dir(), Path(tempfile.gettempdir()) / f"posttrain-{os.getuid()}"):
         library = root / f"{source.stem}-{key}.so"
         if library.exists():
@@ -53,7 +54,7 @@ def _build(source: Path, compiler: str) -> Path:
             continue
         partial = root / f"{source.stem}-{key}.{os.getpid()}.so"
         try:
-            result = subprocess.run([compiler, *COMPILE_FLAGS, str(source), "-o", str(partial), "-lm"],
+            result = subprocess.run([compiler, *COMPILE_FLAGS, *flags, str(source), "-o", str(partial), "-lm"],
                                     capture_output=True, text=True, timeout=120)
         except subprocess.TimeoutExpired:
             raise OSError(f"{compiler} did not build {source.name} within 120 s") from None
@@ -66,23 +67,24 @@ def _build(source: Path, compiler: str) -> Path:
     raise OSError("no writable directory for the compiled kernel")
 
 
-def load(source: Path, needs: tuple[str, ...] = ()) -> ctypes.CDLL | str:
-    """``source`` compiled and loaded, or why it cannot be here. ``needs``: the CPU flags (as
-    /proc/cpuinfo names them) it runs on besides AVX2 and FMA, for a source that asks the compiler for
-    more (``#pragma GCC target``): its instructions would stop the process where they are missing."""
+def load(source: Path, needs: tuple[str, ...] = (), flags: tuple[str, ...] = ()) -> ctypes.CDLL | str:
+    """``source`` compiled (with ``flags`` besides :data:`COMPILE_FLAGS`) and loaded, or why it cannot be
+    here. ``needs``: the CPU flags (as /proc/cpuinfo names them) it runs on besides AVX2 and FMA, for a
+    source or build that asks the compiler for more (``#pragma GCC target``, ``-mavx512f``): its
+    instructions would stop the process where they are missing."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"not an x86-64 CPU ({platform.machine()})"
-    flags = set(cpuinfo().get("flags", "").split())
-    if not {"avx2", "fma"} <= flags:
+    cpu_flags = set(cpuinfo().get("flags", "").split())
+    if not {"avx2", "fma"} <= cpu_flags:
         return "the CPU has no AVX2 and FMA"
-    missing = [flag for flag in needs if flag not in flags]
+    missing = [flag for flag in needs if flag not in cpu_flags]
     if missing:
         return f"the CPU has no {', '.join(missing)}"
     compiler = _compiler()
     if compiler is None:
         return "no C compiler (cc, or $CC)"
     try:
-        return ctypes.CDLL(str(_build(source, compiler)))
+        return ctypes.CDLL(str(_build(source, compiler, flags)))
     except OSError as e:
         return str(e)
 
@@ -91,18 +93,19 @@ class Kernels:
     """The functions of one C source, loaded on first use (:func:`load`) with their ctypes signatures.
 
     ``signatures`` maps a function's name to its argument types, or to (argument types, return type);
-    ``what`` names the kernels in the error of :meth:`loaded`; ``needs``: CPU flags, as for :func:`load`.
+    ``what`` names the kernels in the error of :meth:`loaded`; ``needs`` (CPU flags) and ``flags``
+    (the compiler's), as for :func:`load`.
     """
 
     def __init__(self, source: Path, what: str, signatures: dict[str, list | tuple[list, Any]],
-                 needs: tuple[str, ...] = ()) -> None:
-        self.source, self.what, self.signatures, self.needs = source, what, signatures, needs
+                 needs: tuple[str, ...] = (), flags: tuple[str, ...] = ()) -> None:
+        self.source, self.what, self.signatures, self.needs, self.flags = source, what, signatures, needs, flags
         self._library: ctypes.CDLL | str | None = None
 
     def library(self) -> ctypes.CDLL | str:
         """The loaded library, or why there is none (built or found once per process)."""
         if self._library is None:
-            lib = load(self.source, self.needs)
+            lib = load(self.source, self.needs, self.flags)
             if not isinstance(lib, str):
                 for name, signature in self.signatures.items():
                     argtypes, restype = signature if isinstance(signature, tuple) else (signature, None)

@@ -13,7 +13,12 @@ default model's float32 matmuls (30 layers and the head, medians): 1 row 22-26 m
 
 It is built on first use (:mod:`posttrain.models.native`). Where it cannot be built
 :func:`unavailable_reason` says why and the decode kernels that PyTorch ships serve every step;
-where it can, :mod:`posttrain.models.cpu_probe` still uses it only where it measured faster.
+where it can, :mod:`posttrain.models.cpu_probe` still uses it only where it measured faster. On CPUs
+with AVX-512 the same source is built a second time with it (:data:`AVX512`: 16 outputs a vector,
+two panels and 8 rows at a time; the same panels and the same sums), which the probes time as
+kernels of their own: on a Zen 4 EPYC the default model's float32 matmuls took 25.6-26.5 ms at 16 rows
+against 26.7-27.9 for the AVX2 build, 17.7-18.8 against 20.9-22.3 at 8 rows, 44-47 against 46-49 at 32
+(one process, in turns, medians of 6).
 """
 
 from __future__ import annotations
@@ -34,28 +39,32 @@ PANEL = 16  # outputs per panel, as in panel_gemm.c
 @dataclass(frozen=True)
 class PanelWeight:
     """A weight ``[outputs, inputs]`` stored as ``panels`` ``[ceil(outputs / 16), inputs, 16]``
-    (float32 or bfloat16; outputs past ``outputs`` are zero)."""
+    (float32 or bfloat16; outputs past ``outputs`` are zero), and the build of the kernel that reads it."""
 
     panels: torch.Tensor
     outputs: int
+    build: native.Kernels
 
 
 _P, _SIZE = ctypes.c_void_p, ctypes.c_int64
-_KERNELS = native.Kernels(SOURCE, "panel matmul kernel", {
-    name: [_P, _SIZE, _SIZE, _P, _SIZE, _P, _P, ctypes.c_int] for name in ("panel_linear_f32", "panel_linear_bf16")})
-unavailable_reason = _KERNELS.unavailable_reason
+_SIGNATURES = {name: [_P, _SIZE, _SIZE, _P, _SIZE, _P, _P, ctypes.c_int]
+               for name in ("panel_linear_f32", "panel_linear_bf16")}
+AVX2 = native.Kernels(SOURCE, "panel matmul kernel", _SIGNATURES)
+AVX512 = native.Kernels(SOURCE, "panel matmul kernel (AVX-512 build)", _SIGNATURES, needs=("avx512f",),
+                        flags=("-mavx512f",))
+unavailable_reason = AVX2.unavailable_reason
 
 
-def pack(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> PanelWeight:
-    """``weight`` ``[outputs, inputs]`` in the kernel's layout, in ``dtype`` (float32 or bfloat16);
-    RuntimeError where the kernel cannot run here."""
-    _KERNELS.loaded()
+def pack(weight: torch.Tensor, dtype: torch.dtype = torch.float32, build: native.Kernels = AVX2) -> PanelWeight:
+    """``weight`` ``[outputs, inputs]`` in the kernel's layout, in ``dtype`` (float32 or bfloat16), for
+    ``build`` (:data:`AVX2` or :data:`AVX512`) to read; RuntimeError where that build cannot run here."""
+    build.loaded()
     if dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"the panel kernel reads float32 or bfloat16 weights, not {dtype}")
     outputs, inputs = weight.shape
     padded = F.pad(weight.detach().to(dtype), (0, 0, 0, -outputs % PANEL))
     panels = padded.view(-1, PANEL, inputs).transpose(1, 2).contiguous()
-    return PanelWeight(panels, outputs)
+    return PanelWeight(panels, outputs, build)
 
 
 def float32_operands(x: torch.Tensor, bias: torch.Tensor | None, inputs: int,
@@ -76,7 +85,7 @@ def linear(weight: PanelWeight, bias: torch.Tensor | None, x: torch.Tensor) -> t
     """x ``[rows, inputs]`` W^T + b, float32 ``[rows, outputs]`` (float32 sums whatever the weights' dtype)."""
     inputs = weight.panels.shape[1]
     x, bias = float32_operands(x, bias, inputs, weight.outputs)
-    lib = _KERNELS.loaded()
+    lib = weight.build.loaded()
     kernel = lib.panel_linear_bf16 if weight.panels.dtype == torch.bfloat16 else lib.panel_linear_f32
     out = torch.empty(x.shape[0], weight.outputs)
     kernel(x.data_ptr(), x.shape[0], inputs, weight.panels.data_ptr(), weight.outputs,
