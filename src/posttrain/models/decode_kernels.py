@@ -4,10 +4,10 @@ oneDNN's linear on weights reordered once into its blocked layout (:mod:`posttra
 PyTorch's own ``F.linear`` on plain row-major weights (MKL, and its matrix-vector kernel at one
 row), or our own kernel on weights in panels of 16 outputs (:mod:`posttrain.models.panel_linear`,
 AVX2 CPUs with a C compiler; "panel512" is its AVX-512 build); with float32 weights, or bf16 ones
-(half the bytes to read; plain and panel bf16 weights are widened to float32 as they are read, packed ones run on bf16
-dot-product units where the CPU has them, as does our "dot bf16" kernel, :mod:`posttrain.models.panel_dot`,
-on CPUs with AVX512-BF16). Which is fastest differs by CPU and by the number of
-rows, so :mod:`posttrain.models.cpu_probe` times them and :mod:`posttrain.rollout.fast_decode`
+(half the bytes to read; plain and panel bf16 weights are widened to float32 as they are read,
+packed ones run on bf16 dot-product units where the CPU has them, as does our "dot bf16" kernel,
+:mod:`posttrain.models.panel_dot`, on CPUs with AVX512-BF16). Which is fastest differs by CPU and by
+the number of rows, so :mod:`posttrain.models.cpu_probe` times them and :mod:`posttrain.rollout.fast_decode`
 runs each step on the kernel chosen for its width.
 """
 
