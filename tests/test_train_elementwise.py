@@ -1,5 +1,6 @@
 """The training pass's RMSNorm and SwiGLU on our own kernels compute what transformers' modules compute,
-forward and backward, and a model routed to them trains as it did."""
+forward and backward, and a model routed to them trains as it did; the LM head's softmax statistics on our
+kernel are what PyTorch's operations give, or closer to exact."""
 
 import copy
 import pickle
@@ -14,10 +15,10 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from posttrain.config import ModelSection
 from posttrain.models import cpu_probe, load_model, load_tokenizer
 from posttrain.models import train_elementwise
-from posttrain.models.logprobs import policy_forward
+from posttrain.models.logprobs import policy_forward, torch_softmax_statistics
 from posttrain.models.policy import Policy
 from posttrain.models.probe_cache import cpuinfo
-from posttrain.models.train_elementwise import rms_norm, swiglu, use_fused_norm_mlp
+from posttrain.models.train_elementwise import rms_norm, softmax_statistics, swiglu, use_fused_norm_mlp
 
 needs_kernels = pytest.mark.skipif(train_elementwise.unavailable_reason() is not None,
                                    reason=f"no training kernels: {train_elementwise.unavailable_reason()}")
@@ -62,11 +63,57 @@ def test_swiglu_matches_silu_times_up_forward_and_backward(shape):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
+@needs_kernels
+@pytest.mark.parametrize("rows,vocab", [(300, 49157), (3, 7)])  # both threads and a tail; rows shorter than a vector
+def test_softmax_statistics_match_exact_values_at_least_as_closely_as_pytorch(rows, vocab):
+    g = torch.Generator().manual_seed(vocab)
+    logits = 4 * torch.randn(rows, vocab, generator=g)
+    logits[0, 1] = 80.0  # a row whose mass sits on one token
+    targets = torch.randint(0, vocab, (rows,), generator=g)
+    targets[0] = 1
+    exact = logits.double().log_softmax(-1)
+    want = {"probs": exact.exp(), "logp": exact.gather(-1, targets[:, None]).squeeze(-1),
+            "entropy": -(exact.exp() * exact).sum(-1), "lse": logits.double().logsumexp(-1)}
+    ours = dict(zip(want, [p := logits.clone(), *softmax_statistics(p, targets)]))
+    theirs = dict(zip(want, torch_softmax_statistics(logits.clone(), targets)))
+    for name, exact_value in want.items():
+        error, pytorch_error = ((got[name].double() - exact_value).abs().max().item() for got in (ours, theirs))
+        assert error <= 1.5 * pytorch_error + 1e-7, (name, error, pytorch_error)
+        assert ours[name].dtype == torch.float32 and ours[name].shape == exact_value.shape
+    assert ours["probs"].data_ptr() == p.data_ptr()  # in place of the logits
+
+
+@needs_kernels
+@pytest.mark.parametrize("keep_probs_bytes", [0, 2**30])  # backward recomputes the probabilities, or keeps them
+def test_the_heads_softmax_on_the_kernel_gives_pytorchs_logprobs_entropies_and_gradients(monkeypatch,
+                                                                                        keep_probs_bytes):
+    from posttrain.models import logprobs
+
+    monkeypatch.setattr(logprobs, "KEEP_PROBS_BYTES", keep_probs_bytes)
+    ids = torch.randint(0, 49152, (3, 40), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    torch.manual_seed(0)
+    model = load_model("tiny-random")
+    results = []
+    for pays in (False, True):
+        monkeypatch.setattr(cpu_probe, "train_elementwise_pays", lambda: pays)
+        model.zero_grad()
+        out = policy_forward(model, ids, mask)
+        (out.logprobs.sum() + out.entropy.sum().detach()).backward()
+        results.append([out.logprobs.detach(), out.entropy] + [p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, atol=2e-5, rtol=1e-4)
+
+
 def test_the_kernels_say_what_does_not_fit():
     with pytest.raises(ValueError, match=r"an RMSNorm weight of \[32\] does not fit rows of 64"):
         rms_norm(torch.randn(3, 64), torch.ones(32), 1e-5)
     with pytest.raises(ValueError, match=r"gate \[3, 8\] and up \[3, 4\] differ"):
         swiglu(torch.randn(3, 8), torch.randn(3, 4))
+    with pytest.raises(ValueError, match=r"token ids below the vocabulary's 10, got 3 \.\. 10"):
+        softmax_statistics(torch.randn(2, 10), torch.tensor([3, 10]))
+    with pytest.raises(ValueError, match=r"expected contiguous logits \[rows, vocab\] and targets \[rows\]"):
+        softmax_statistics(torch.randn(10, 2).t(), torch.tensor([0, 1]))
 
 
 def test_training_elementwise_kernels_build_wherever_they_can_run():

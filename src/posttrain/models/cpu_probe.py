@@ -286,11 +286,15 @@ def train_attention_pays() -> bool:
 
 @stored_per_machine(depends_on=native.source_text(train_elementwise.SOURCE))
 def train_elementwise_speedup() -> float:
-    """How many times faster our RMSNorm and SwiGLU kernels (:mod:`posttrain.models.train_elementwise`) run
-    forward and backward than PyTorch's operations (Llama's RMSNorm as transformers writes it, ``silu(gate) *
-    up``) here, at the width of the default model and the token count of a GRPO batch (1094 tokens, 576 and
-    1536 wide); 8 layers' forwards, then their backward, on posttrain's malloc setting as in training; 0
-    where the kernels cannot be built. On a Zen 4 EPYC: 1.45-1.75x."""
+    """How many times faster our elementwise training kernels (:mod:`posttrain.models.train_elementwise`) run
+    than PyTorch's operations here: RMSNorm and SwiGLU forward and backward (Llama's RMSNorm as transformers
+    writes it, ``silu(gate) * up``) at the width of the default model and the token count of a GRPO batch (1094
+    tokens, 576 and 1536 wide), 8 layers' forwards, then their backward; and the LM head's softmax statistics
+    for 256 rows of the default model's 49k vocabulary (what a GRPO batch's head computes per 8 layers); on
+    posttrain's malloc setting as in training; 0 where the kernels cannot be built. On a Zen 4 EPYC: 1.45-1.75x
+    without the head."""
+    from posttrain.models.logprobs import torch_softmax_statistics  # it asks train_elementwise_pays
+
     if train_elementwise.unavailable_reason() is not None:
         return 0.0
     keep_freed_memory()
@@ -299,15 +303,19 @@ def train_elementwise_speedup() -> float:
     layers = [[torch.randn(tokens, width, generator=generator, requires_grad=True) for width in (hidden, inter, inter)]
               for _layer in range(8)]
     weight = torch.rand(hidden, generator=generator, requires_grad=True)
+    # Each run leaves the logits shifted (PyTorch's) or turned into probabilities (ours): as costly a next time.
+    logits, targets = torch.randn(256, 49152, generator=generator), torch.randint(0, 49152, (256,), generator=generator)
 
     def torch_norm(x):
         return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
 
-    def run(norm, glu) -> None:
+    def run(norm, glu, softmax) -> None:
         torch.stack([norm(x).sum() + glu(g, u).sum() for x, g, u in layers]).sum().backward()
+        softmax(logits, targets)
 
-    runs = {"ours": lambda: run(lambda x: train_elementwise.rms_norm(x, weight, 1e-5), train_elementwise.swiglu),
-            "torch": lambda: run(torch_norm, lambda g, u: torch.nn.functional.silu(g) * u)}
+    runs = {"ours": lambda: run(lambda x: train_elementwise.rms_norm(x, weight, 1e-5), train_elementwise.swiglu,
+                                train_elementwise.softmax_statistics),
+            "torch": lambda: run(torch_norm, lambda g, u: torch.nn.functional.silu(g) * u, torch_softmax_statistics)}
     with torch.enable_grad(), torch.autocast("cpu", enabled=False):
         best = _best_seconds_in_turns(runs, repeats=6)
     return best["torch"] / best["ours"]

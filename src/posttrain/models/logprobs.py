@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from posttrain.models import train_elementwise
 from posttrain.models.attention import NAME as ATTENTION_NAME
 from posttrain.models.onednn_linear import active as onednn_active
 from posttrain.models.onednn_linear import matmul_nt, weight_grad
@@ -38,10 +39,9 @@ class _HeadLogprobs(torch.autograd.Function):
 
     Each ``[rows, vocab]`` tensor is a fresh block of 25-100 MB, which the C allocator maps from
     the kernel page by page on first touch (one fault per 4 KB page): filling one costs more than
-    the arithmetic on it. So both passes work in place on the two blocks they need (the logits and
-    their exponentials), and the entropy is a row-wise dot product rather than a product tensor
-    summed: its elementwise work takes about half the time it took through ``logsumexp``, ``exp`` and
-    ``(p * log p).sum``.
+    the arithmetic on it. So forward turns the logits into probabilities in place
+    (:func:`_softmax_statistics`: on the CPU one kernel, a row at a time through the cache), and
+    backward turns those into the gradient in place.
 
     Under autocast the logits stay float32 (see :func:`_head_logits`), but backward's two matmuls (the
     gradients of the hidden rows and of the weight) run in the autocast dtype, as autocast runs every
@@ -55,17 +55,7 @@ class _HeadLogprobs(torch.autograd.Function):
         ctx.onednn = onednn_active() and weight.dtype == torch.float32 and weight.device.type == "cpu"
         device = weight.device.type
         ctx.grad_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
-        shifted = _head_logits(hidden, weight, bias, ctx.onednn)
-        peak = shifted.amax(-1, keepdim=True)
-        shifted.sub_(peak)  # z - max z: exp cannot overflow
-        probs = shifted.exp()  # unnormalised
-        total = probs.sum(-1)
-        log_total = total.log()
-        lse = peak.squeeze(-1) + log_total
-        # H = -sum p log p = log total - sum p (z - max z), with p = exp(z - max z) / total
-        entropy = log_total - _row_dot(probs, shifted) / total
-        logp = shifted.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_total
-        probs.div_(total.unsqueeze(-1))
+        probs, logp, entropy, lse = _softmax_statistics(_head_logits(hidden, weight, bias, ctx.onednn), targets)
         ctx.keep_probs = keep_probs and not entropy_grad
         ctx.save_for_backward(hidden, targets, weight, bias, lse, entropy, probs if ctx.keep_probs else None)
         ctx.entropy_grad = entropy_grad
@@ -101,11 +91,32 @@ class _HeadLogprobs(torch.autograd.Function):
         return grad_hidden, None, grad_weight, grad_bias, None, None
 
 
-def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """sum_j a[i, j] b[i, j] for each row i, as a batched matmul (in float32 even under autocast): no
-    ``[rows, vocab]`` product tensor."""
-    with torch.autocast(a.device.type, enabled=False):
-        return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
+def _softmax_statistics(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """softmax(logits) (in place of ``logits``, float32 ``[rows, vocab]``) and each row's log-probability of its
+    target, entropy and log-normaliser: in one kernel where it runs (float32 on the CPU, and measured faster
+    here: :func:`posttrain.models.train_elementwise.softmax_statistics`), else with PyTorch's operations."""
+    from posttrain.models import cpu_probe  # it imports the kernels' modules, which import torch only
+
+    if train_elementwise.supports(logits) and cpu_probe.train_elementwise_pays():
+        return logits, *train_elementwise.softmax_statistics(logits, targets)
+    return torch_softmax_statistics(logits, targets)
+
+
+def torch_softmax_statistics(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """:func:`_softmax_statistics` in PyTorch's operations, which work on any device and dtype: the logits
+    become ``z - max z`` in place, their softmax a new tensor."""
+    peak = logits.amax(-1, keepdim=True)
+    shifted = logits.sub_(peak)  # z - max z: exp cannot overflow
+    probs = shifted.exp()  # unnormalised
+    total = probs.sum(-1)
+    log_total = total.log()
+    # H = -sum p log p = log total - sum p (z - max z), with p = exp(z - max z) / total; the sum as a
+    # batched matmul (in float32 even under autocast): no [rows, vocab] product tensor
+    with torch.autocast(logits.device.type, enabled=False):
+        weighted = torch.bmm(probs.unsqueeze(1), shifted.unsqueeze(2)).view(-1)
+    entropy = log_total - weighted / total
+    logp = shifted.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_total
+    return probs.div_(total.unsqueeze(-1)), logp, entropy, peak.squeeze(-1) + log_total
 
 
 def _head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -1,11 +1,15 @@
-"""The training pass's RMSNorm and SwiGLU on our own kernels (``train_elementwise.c``): forward and backward.
+"""The training pass's RMSNorm and SwiGLU on our own kernels (``train_elementwise.c``): forward and backward;
+and the softmax statistics of its LM head's logits.
 
 Besides its matmuls and attention, a decoder layer's training pass is elementwise work that PyTorch
 runs as many small operations: Llama's RMSNorm (Zhang & Sennrich, 2019) is six forward and about ten
 backward, SwiGLU's ``silu(gate) * up`` (Shazeer, 2020) two forward and three backward, each a pass
 over a ``[tokens, width]`` tensor. Here each is one pass forward and one backward, and the forward
 keeps only what the backward reads (RMSNorm's input and each row's ``1 / rms``; SwiGLU's two inputs,
-not also ``silu(gate)``: a ``[tokens, intermediate]`` tensor less per layer).
+not also ``silu(gate)``: a ``[tokens, intermediate]`` tensor less per layer). The LM head's log-probabilities
+and entropy (:func:`softmax_statistics`) are seven passes over a ``[rows, vocab]`` block in PyTorch (maximum,
+shift, exponential, sum, the entropy's row-wise product, gather, normalisation): 43 ms for 512 rows of a 49k
+vocabulary on a Zen 4 EPYC (2 threads), where the kernel, taking a row at a time through the cache, takes 9.
 
 :func:`use_fused_norm_mlp` routes a model's RMSNorm and MLP modules here (the Llama family, whose
 modules compute exactly this) for float32 CPU tensors, where the kernels build and
@@ -37,7 +41,8 @@ _KERNELS = native.Kernels(SOURCE, "RMSNorm / SwiGLU training kernels", {
     "rms_norm_forward": [_P, _P, _SIZE, _SIZE, ctypes.c_float, _P, _P, _THREADS],
     "rms_norm_backward": [_P, _P, _P, _P, _SIZE, _SIZE, _P, _P, _P, _THREADS],
     "swiglu_forward": [_P, _P, _SIZE, _P, _THREADS],
-    "swiglu_backward": [_P, _P, _P, _SIZE, _P, _P, _THREADS]})
+    "swiglu_backward": [_P, _P, _P, _SIZE, _P, _P, _THREADS],
+    "softmax_statistics": [_P, _P, _SIZE, _SIZE, _P, _P, _P, _THREADS]})
 unavailable_reason = _KERNELS.unavailable_reason
 
 
@@ -104,6 +109,24 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if gate.shape != up.shape:
         raise ValueError(f"gate {list(gate.shape)} and up {list(up.shape)} differ in shape")
     return _SwiGLU.apply(gate, up)
+
+
+def softmax_statistics(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Turn ``logits`` ``[rows, vocab]`` (contiguous float32 on the CPU, :func:`supports`) into their softmax in
+    place, and return each row's log-probability of its entry of ``targets`` ``[rows]``, its entropy and its
+    log-normaliser (logsumexp), each ``[rows]``."""
+    rows, vocab = logits.shape
+    if not logits.is_contiguous() or targets.shape != (rows,):
+        raise ValueError(f"expected contiguous logits [rows, vocab] and targets [rows], got {list(logits.shape)} "
+                         f"({'' if logits.is_contiguous() else 'not '}contiguous) and {list(targets.shape)}")
+    targets = targets.to(torch.int64).contiguous()
+    if rows and not 0 <= int(targets.min()) <= int(targets.max()) < vocab:
+        raise ValueError(f"targets must be token ids below the vocabulary's {vocab}, got {targets.min()} .. "
+                         f"{targets.max()}")
+    logp, entropy, lse = torch.empty(rows), torch.empty(rows), torch.empty(rows)
+    _KERNELS.loaded().softmax_statistics(logits.data_ptr(), targets.data_ptr(), rows, vocab, logp.data_ptr(),
+                                         entropy.data_ptr(), lse.data_ptr(), torch.get_num_threads())
+    return logp, entropy, lse
 
 
 def _norm_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
