@@ -110,18 +110,23 @@ def _sdpa_and_ours(q, k, v, mask):
 
 @needs_kernels
 @pytest.mark.parametrize("dim", [16, 40, 64])  # 40: a slice narrower than 32 floats
-@pytest.mark.parametrize("length,keys,causal", [(35, 35, True), (70, 70, True), (12, 30, True), (48, 83, False),
-                                                 (5, 7, False)])
-def test_training_attention_kernels_match_sdpa_forward_and_backward(dim, length, keys, causal):
+@pytest.mark.parametrize("length,keys,pattern", [(35, 35, "causal"), (70, 70, "causal"), (12, 30, "causal"),
+                                                  (48, 83, "random"), (5, 7, "random"), (70, 105, "completion")])
+def test_training_attention_kernels_match_sdpa_forward_and_backward(dim, length, keys, pattern):
     """Causal (also with more keys than queries, aligned at the first key as SDPA aligns them) and masked,
-    with query heads in groups over shared key/value heads and more rows than one 64-row block."""
+    with query heads in groups over shared key/value heads and more rows than one 64-row block. A
+    completion's mask (a packed batch's: every prompt key, then its own tokens causally) puts rows that see
+    few keys after rows that see many in one block, where a head's rows end and the next head's begin."""
     g = torch.Generator().manual_seed(length + dim)
     q = torch.randn(3, 6, length, dim, generator=g, requires_grad=True)
     k, v = (torch.randn(3, 2, keys, dim, generator=g, requires_grad=True) for _ in range(2))
     mask = None
-    if not causal:
+    if pattern == "random":
         mask = torch.rand(3, 1, length, keys, generator=g) > 0.4
         mask[..., 0] = True  # every query sees a key (SDPA gives NaN where none is seen)
+    elif pattern == "completion":
+        query, key = torch.arange(length)[:, None], torch.arange(keys)[None, :]
+        mask = ((key < keys - length) | (key - (keys - length) <= query)).expand(3, 1, length, keys)
     sdpa, ours = _sdpa_and_ours(q, k, v, mask)
     for a, b in zip(sdpa, ours):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)

@@ -252,7 +252,7 @@ def train_attention_speedup() -> float:
     GRPO batch of the default model: 2 prompts of 35 tokens (causal) and 16 completions of 64 tokens,
     each attending to its prompt's keys and its own (masked), 9 query and 3 KV heads of 64; 8 layers'
     forwards, then their backward, on posttrain's malloc setting as in training; 0 where the kernels
-    cannot be built. On a Zen 4 EPYC: 1.1-1.2x (1.25x once the process is warm)."""
+    cannot be built. On a Zen 4 EPYC: 1.5x (1.1-1.25x before the kernels stopped at each row's last key)."""
     import torch.nn.functional as F
 
     keep_freed_memory()  # as every posttrain process runs (load_model sets it): else both pay page faults

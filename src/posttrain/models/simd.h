@@ -9,6 +9,12 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+static inline float hmax(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
 /* e^x for 8 floats: x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-6 polynomial (the classic
  * Cephes coefficients, about 1 ulp), 2^n built in the exponent bits; 0 below -87.3 (so -inf masks give 0). */
 static inline __m256 exp8(__m256 x) {

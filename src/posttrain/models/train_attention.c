@@ -8,7 +8,10 @@
  * scores through memory. Here a work item is one (sequence, KV head): its keys (and values, for the
  * backward) are packed once into panels of 16 keys, as posttrain/models/panel_gemm.c packs weights,
  * and the rows of its query heads are taken 64 at a time, so that a block's scores, probabilities
- * and their gradients stay in the core's cache. A block stops at the last key any of its rows sees.
+ * and their gradients stay in the core's cache. Work stops where the mask leaves nothing: the scores
+ * of six rows at the last panel any of them sees, a row's softmax at its own last panel, each
+ * weighted sum at the rows or keys that can contribute (under a causal mask a block of 64 rows of 64
+ * completion tokens over a 35-token prompt computes a third fewer products than a stop per block).
  *
  * The forward keeps each row's log-normaliser (lse); the backward recomputes the probabilities from
  * it, p = exp(s - lse), as FlashAttention does (Dao et al., 2022, arXiv:2205.14135), so no
@@ -39,8 +42,22 @@ static inline int64_t round_up(int64_t n) { return (n + PANEL - 1) / PANEL * PAN
  * stride, the rows of a column (which the backward's column sums read) would share a few cache sets. */
 static inline int64_t row_stride(int64_t Lk) { return round_up(Lk) + PANEL; }
 
-/* The scratch floats one thread needs: two packed [Lk, D] operands and two blocks of scores. */
-int64_t attention_scratch(int64_t Lk, int64_t D) { return 2 * round_up(Lk) * D + 2 * BLOCK * row_stride(Lk); }
+/* The scratch floats one thread needs: two packed [Lk, D] operands, two blocks of scores, and a block's
+ * bounds (struct bounds: as many int32 as floats). */
+int64_t attention_scratch(int64_t Lk, int64_t D) {
+    return 2 * round_up(Lk) * D + 2 * BLOCK * row_stride(Lk) + BLOCK + 2 * round_up(Lk);
+}
+
+/* Where a block's sums can stop: row r sees keys below seen[r] (an upper bound under a mask); key j (below the
+ * most any row sees) is seen by rows first[j] .. last[j] - 1 at most. */
+struct bounds {
+    int32_t *seen, *first, *last;
+};
+
+static struct bounds bounds_at(float *at, int64_t Lk) {
+    int32_t *base = (int32_t *)at;
+    return (struct bounds){base, base + BLOCK, base + BLOCK + round_up(Lk)};
+}
 
 /* src [n, D] -> dst [ceil(n / 16), D, 16]; keys past n are zero. */
 static void pack_panels(const float *src, int64_t n, int64_t D, float *dst) {
@@ -69,23 +86,26 @@ static inline __attribute__((always_inline)) void dot_panel_rows(const float *a,
     }
 }
 
-/* out[r, j] = scale * a[r, :] . b[j, :] for r < rows and the keys of the first `panels` panels of b
- * (packed); a [rows, D], out row stride ld. Six rows at a time share each load of a panel (12 sums
- * in registers). */
-static void dot_panels(const float *a, int64_t rows, int64_t D, const float *b, int64_t panels, float scale,
+/* out[r, j] = scale * a[r, :] . b[j, :] for r < rows and the keys b's packed panels hold up to the last one
+ * that any of six rows sees (seen[r] keys); a [rows, D], out row stride ld. Six rows share each load of a
+ * panel (12 sums in registers). */
+static void dot_panels(const float *a, int64_t rows, int64_t D, const float *b, const int32_t *seen, float scale,
                        float *out, int64_t ld) {
     __m256 s = _mm256_set1_ps(scale);
-    for (int64_t p = 0; p < panels; p++) {
-        const float *w = b + p * D * PANEL;
-        float *o = out + p * PANEL;
-        int64_t r = 0;
-        for (; r + 6 <= rows; r += 6) dot_panel_rows(a + r * D, D, w, s, o + r * ld, ld, 6);
-        switch (rows - r) {
-            case 5: dot_panel_rows(a + r * D, D, w, s, o + r * ld, ld, 5); break;
-            case 4: dot_panel_rows(a + r * D, D, w, s, o + r * ld, ld, 4); break;
-            case 3: dot_panel_rows(a + r * D, D, w, s, o + r * ld, ld, 3); break;
-            case 2: dot_panel_rows(a + r * D, D, w, s, o + r * ld, ld, 2); break;
-            case 1: dot_panel_rows(a + r * D, D, w, s, o + r * ld, ld, 1); break;
+    for (int64_t r = 0; r < rows; r += 6) {
+        int64_t group = rows - r < 6 ? rows - r : 6, most = 0;
+        for (int64_t i = r; i < r + group; i++) most = seen[i] > most ? seen[i] : most;
+        for (int64_t p = 0; p < round_up(most) / PANEL; p++) {
+            const float *w = b + p * D * PANEL;
+            float *o = out + r * ld + p * PANEL;
+            switch (group) {
+                case 6: dot_panel_rows(a + r * D, D, w, s, o, ld, 6); break;
+                case 5: dot_panel_rows(a + r * D, D, w, s, o, ld, 5); break;
+                case 4: dot_panel_rows(a + r * D, D, w, s, o, ld, 4); break;
+                case 3: dot_panel_rows(a + r * D, D, w, s, o, ld, 3); break;
+                case 2: dot_panel_rows(a + r * D, D, w, s, o, ld, 2); break;
+                case 1: dot_panel_rows(a + r * D, D, w, s, o, ld, 1); break;
+            }
         }
     }
 }
@@ -113,20 +133,25 @@ static inline __attribute__((always_inline)) void weigh_pair(const float *c0, co
     }
 }
 
-/* out[u, :] += alpha * sum_{i < n} c[u * cstep + i * stride] x[i, :] for u < outs (x [n, D], out [outs, D]).
- * Outputs go in pairs; the sum runs over chunks of CHUNK rows of x, each reused by every output. */
-static void weigh(const float *c, int64_t outs, int64_t cstep, int64_t stride, int64_t n, const float *x, int64_t D,
-                  float alpha, float *out) {
+/* out[u, :] += alpha * sum_i c[u * cstep + i * stride] x[i, :] for u < outs (x [n, D], out [outs, D]), i from
+ * lo[u] (0 without lo; never decreasing in u, as a key's first row) up to hi[u]: the terms outside are zeros.
+ * Outputs go in pairs (over both ranges); the sum runs over chunks of CHUNK rows of x, each reused by every
+ * output. */
+static void weigh(const float *c, int64_t outs, int64_t cstep, int64_t stride, int64_t n, const int32_t *lo,
+                  const int32_t *hi, const float *x, int64_t D, float alpha, float *out) {
     for (int64_t i0 = 0; i0 < n; i0 += CHUNK) {
-        int64_t m = n - i0 < CHUNK ? n - i0 : CHUNK;
+        int64_t i1 = n - i0 < CHUNK ? n : i0 + CHUNK;
         for (int64_t u = 0; u < outs; u += 2) {
             int both = outs - u > 1;
-            const float *c0 = c + u * cstep + i0 * stride, *c1 = both ? c0 + cstep : c0;
+            int64_t start = lo ? lo[u] : 0, end = both && hi[u + 1] > hi[u] ? hi[u + 1] : hi[u];
+            start = start > i0 ? start : i0;
+            end = end < i1 ? end : i1;
+            if (start >= end) continue;
+            const float *c0 = c + u * cstep + start * stride, *c1 = both ? c0 + cstep : c0, *xs = x + start * D;
             float *o = out + u * D;
-            int64_t d = 0;
-            for (; d + 32 <= D; d += 32)
-                weigh_pair(c0, c1, stride, m, x + i0 * D + d, D, alpha, o + d, o + D + d, both, 4);
-            for (; d < D; d += 8) weigh_pair(c0, c1, stride, m, x + i0 * D + d, D, alpha, o + d, o + D + d, both, 1);
+            int64_t d = 0, m = end - start;
+            for (; d + 32 <= D; d += 32) weigh_pair(c0, c1, stride, m, xs + d, D, alpha, o + d, o + D + d, both, 4);
+            for (; d < D; d += 8) weigh_pair(c0, c1, stride, m, xs + d, D, alpha, o + d, o + D + d, both, 1);
         }
     }
 }
@@ -140,12 +165,26 @@ static inline int64_t visible(int64_t i, int64_t Lk, const uint8_t *keep) {
     return n;
 }
 
-/* The most keys any row r0 .. r0 + rows of a work item sees (row r is query r % L of its head). */
-static int64_t block_keys(int64_t r0, int64_t rows, int64_t L, int64_t Lk, const uint8_t *keep) {
+/* The bounds of rows r0 .. r0 + rows of a work item (row r is query r % L of its head); returns the most keys
+ * any of them sees. */
+static int64_t block_bounds(int64_t r0, int64_t rows, int64_t L, int64_t Lk, const uint8_t *keep, struct bounds b) {
     int64_t most = 0;
-    for (int64_t r = r0; r < r0 + rows; r++) {
-        int64_t n = visible(r % L, Lk, keep);
-        most = n > most ? n : most;
+    for (int64_t r = 0; r < rows; r++) {
+        b.seen[r] = (int32_t)visible((r0 + r) % L, Lk, keep);
+        most = b.seen[r] > most ? b.seen[r] : most;
+    }
+    /* first the rows that see exactly j + 1 keys (first[j] the least, last[j] the greatest + 1), then a key's
+     * over every count above it */
+    for (int64_t j = 0; j < most; j++) b.first[j] = (int32_t)rows, b.last[j] = 0;
+    for (int64_t r = 0; r < rows; r++)
+        if (b.seen[r]) {
+            int64_t j = b.seen[r] - 1;
+            b.first[j] = b.first[j] < r ? b.first[j] : (int32_t)r;
+            b.last[j] = (int32_t)r + 1;
+        }
+    for (int64_t j = most - 2; j >= 0; j--) {
+        b.first[j] = b.first[j] < b.first[j + 1] ? b.first[j] : b.first[j + 1];
+        b.last[j] = b.last[j] > b.last[j + 1] ? b.last[j] : b.last[j + 1];
     }
     return most;
 }
@@ -160,8 +199,11 @@ static float probabilities(float *s, int64_t cols, const uint8_t *keep_row, int6
     float m = -INFINITY;
     if (lse)
         m = *lse;
-    else
-        for (int64_t j = 0; j < seen; j++) m = s[j] > m ? s[j] : m;
+    else { /* the masked scores are -inf now */
+        __m256 most = _mm256_set1_ps(-INFINITY);
+        for (int64_t j = 0; j < cols; j += 8) most = _mm256_max_ps(most, _mm256_loadu_ps(s + j));
+        m = hmax(most);
+    }
     if (isinf(m)) { /* it sees no key */
         memset(s, 0, cols * sizeof(float));
         return INFINITY;
@@ -179,12 +221,22 @@ static float probabilities(float *s, int64_t cols, const uint8_t *keep_row, int6
     return m + logf(total);
 }
 
+/* A block's row of scores s [cols] (computed up to its own last panel, seen keys rounded up) as
+ * probabilities(), and zeros from there to cols, so that sums over the block's rows may read it. */
+static float block_row_probabilities(float *s, int64_t cols, const uint8_t *keep_row, int64_t seen, const float *lse) {
+    int64_t own = round_up(seen);
+    float result = probabilities(s, own, keep_row, seen, lse);
+    memset(s + own, 0, (cols - own) * sizeof(float));
+    return result;
+}
+
 void attention_forward(const float *q, const float *k, const float *v, const uint8_t *keep,
                        int64_t B, int64_t H, int64_t KV, int64_t L, int64_t Lk, int64_t D, float scale, float *o,
                        float *lse, float *scratch, int threads) {
     int64_t G = H / KV, rows = G * L, ld = row_stride(Lk);
     _Pragma("omp parallel num_threads(threads)") {
         float *kp = scratch + omp_get_thread_num() * attention_scratch(Lk, D), *s = kp + 2 * round_up(Lk) * D;
+        struct bounds bounds = bounds_at(s + 2 * BLOCK * ld, Lk);
         _Pragma("omp for schedule(dynamic)") for (int64_t item = 0; item < B * KV; item++) {
             int64_t b = item / KV, first = (b * H + item % KV * G) * L;
             const float *Q = q + first * D, *V = v + item * Lk * D;
@@ -194,14 +246,14 @@ void attention_forward(const float *q, const float *k, const float *v, const uin
             memset(O, 0, rows * D * sizeof(float));
             for (int64_t r0 = 0; r0 < rows; r0 += BLOCK) {
                 int64_t n = rows - r0 < BLOCK ? rows - r0 : BLOCK;
-                int64_t most = block_keys(r0, n, L, Lk, mask), cols = round_up(most);
-                dot_panels(Q + r0 * D, n, D, kp, cols / PANEL, scale, s, ld);
+                int64_t most = block_bounds(r0, n, L, Lk, mask, bounds), cols = round_up(most);
+                dot_panels(Q + r0 * D, n, D, kp, bounds.seen, scale, s, ld);
                 for (int64_t r = r0; r < r0 + n; r++) {
                     int64_t i = r % L;
-                    lse[first + r] = probabilities(s + (r - r0) * ld, cols, mask ? mask + i * Lk : 0,
-                                                   visible(i, Lk, mask), 0);
+                    lse[first + r] = block_row_probabilities(s + (r - r0) * ld, cols, mask ? mask + i * Lk : 0,
+                                                             bounds.seen[r - r0], 0);
                 }
-                weigh(s, n, ld, 1, most, V, D, 1.0f, O + r0 * D);
+                weigh(s, n, ld, 1, most, 0, bounds.seen, V, D, 1.0f, O + r0 * D);
             }
         }
     }
@@ -215,6 +267,7 @@ void attention_backward(const float *q, const float *k, const float *v, const ui
     _Pragma("omp parallel num_threads(threads)") {
         float *kp = scratch + omp_get_thread_num() * attention_scratch(Lk, D), *vp = kp + round_up(Lk) * D;
         float *p = vp + round_up(Lk) * D, *ds = p + BLOCK * ld;
+        struct bounds bounds = bounds_at(ds + BLOCK * ld, Lk);
         _Pragma("omp for schedule(dynamic)") for (int64_t item = 0; item < B * KV; item++) {
             int64_t b = item / KV, first = (b * H + item % KV * G) * L;
             const float *Q = q + first * D, *K = k + item * Lk * D, *O = o + first * D, *dO = dout + first * D;
@@ -227,25 +280,28 @@ void attention_backward(const float *q, const float *k, const float *v, const ui
             memset(dV, 0, Lk * D * sizeof(float));
             for (int64_t r0 = 0; r0 < rows; r0 += BLOCK) {
                 int64_t n = rows - r0 < BLOCK ? rows - r0 : BLOCK;
-                int64_t most = block_keys(r0, n, L, Lk, mask), cols = round_up(most);
-                dot_panels(Q + r0 * D, n, D, kp, cols / PANEL, scale, p, ld);
-                dot_panels(dO + r0 * D, n, D, vp, cols / PANEL, 1.0f, ds, ld); /* dP, then dS in place */
+                int64_t most = block_bounds(r0, n, L, Lk, mask, bounds), cols = round_up(most);
+                dot_panels(Q + r0 * D, n, D, kp, bounds.seen, scale, p, ld);
+                dot_panels(dO + r0 * D, n, D, vp, bounds.seen, 1.0f, ds, ld); /* dP, then dS in place */
                 for (int64_t r = r0; r < r0 + n; r++) {
-                    int64_t i = r % L;
+                    int64_t i = r % L, seen = bounds.seen[r - r0], own = round_up(seen);
                     float *pr = p + (r - r0) * ld, *dsr = ds + (r - r0) * ld;
-                    probabilities(pr, cols, mask ? mask + i * Lk : 0, visible(i, Lk, mask),
-                                  lse + first + r);
+                    block_row_probabilities(pr, cols, mask ? mask + i * Lk : 0, seen, lse + first + r);
                     __m256 acc = _mm256_setzero_ps();
                     for (int64_t d = 0; d < D; d += 8)
                         acc = _mm256_fmadd_ps(_mm256_loadu_ps(dO + r * D + d), _mm256_loadu_ps(O + r * D + d), acc);
                     __m256 delta = _mm256_set1_ps(hsum(acc));
-                    for (int64_t j = 0; j < cols; j += 8)
+                    for (int64_t j = 0; j < own; j += 8)
                         _mm256_storeu_ps(dsr + j, _mm256_mul_ps(_mm256_loadu_ps(pr + j),
                                                                 _mm256_sub_ps(_mm256_loadu_ps(dsr + j), delta)));
+                    memset(dsr + own, 0, (cols - own) * sizeof(float));
                 }
-                weigh(p, most, 1, ld, n, dO + r0 * D, D, 1.0f, dV);     /* dV[j] += sum_r P[r, j] dO[r] */
-                weigh(ds, n, ld, 1, most, K, D, scale, dQ + r0 * D);    /* dQ[r] = scale sum_j dS[r, j] K[j] */
-                weigh(ds, most, 1, ld, n, Q + r0 * D, D, scale, dK);    /* dK[j] += scale sum_r dS[r, j] Q[r] */
+                /* dV[j] += sum_r P[r, j] dO[r] */
+                weigh(p, most, 1, ld, n, bounds.first, bounds.last, dO + r0 * D, D, 1.0f, dV);
+                /* dQ[r] = scale sum_j dS[r, j] K[j] */
+                weigh(ds, n, ld, 1, most, 0, bounds.seen, K, D, scale, dQ + r0 * D);
+                /* dK[j] += scale sum_r dS[r, j] Q[r] */
+                weigh(ds, most, 1, ld, n, bounds.first, bounds.last, Q + r0 * D, D, scale, dK);
             }
         }
     }

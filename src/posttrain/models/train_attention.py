@@ -3,11 +3,13 @@
 At the shapes of RL batches (heads of 64, tens to a few hundred keys) PyTorch's CPU flash-attention
 kernel runs at 60-70 GFLOP/s, a third of what the CPU's matmuls reach, and attention took 7-10% of
 a training pass. The kernels in ``train_attention.c`` take one (sequence, KV head) at a time, with
-its keys packed once and its query heads' rows in cache-sized blocks (see there), and keep only
-each row's log-normaliser for the backward, as FlashAttention does. On a Zen 4 EPYC (2 threads, 30
-layers forward and backward, 9 query and 3 KV heads of 64) they took 641 ms against SDPA's 921 for
-8 sequences of 256 tokens under a causal mask, 242 against 310 ms for 16 completions of 64 tokens
-over 99 keys.
+its keys packed once and its query heads' rows in cache-sized blocks (see there), stop each sum where
+the mask leaves only zeros, and keep only each row's log-normaliser for the backward, as FlashAttention
+does. On a Zen 4 EPYC (2 threads, 30 layers forward and backward, 9 query and 3 KV heads of 64) they
+took 641 ms against SDPA's 921 for 8 sequences of 256 tokens under a causal mask, 242 against 310 ms for
+16 completions of 64 tokens over 99 keys; stopping at each six rows' last key rather than each 64
+rows', and each weighted sum at the rows or keys that contribute, then made them 1.5x SDPA at the
+latter shapes (:func:`posttrain.models.cpu_probe.train_attention_speedup`: 1.12-1.22x before).
 
 :mod:`posttrain.models.attention` runs a packed batch's attention on them where
 :func:`posttrain.models.cpu_probe.train_attention_pays` measured them faster than SDPA, and SDPA

@@ -131,12 +131,6 @@ void swiglu_backward(const float *gate, const float *up, const float *grad_out, 
     }
 }
 
-static inline float hmax(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-
 /* Rows of logits z [rows, V] become their softmax p in place, and for each row: logp = log p[target], entropy =
  * -sum p log p = log total - sum e (z - max) / total and lse = max + log total, where e = exp(z - max) and total =
  * sum e. A row is read from memory once (for its maximum); the pass that exponentiates and the one that
