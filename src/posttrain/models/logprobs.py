@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from posttrain.models import train_elementwise
+from posttrain.models import cpu_probe, train_elementwise
 from posttrain.models.attention import NAME as ATTENTION_NAME
 from posttrain.models.onednn_linear import active as onednn_active
 from posttrain.models.onednn_linear import matmul_nt, weight_grad
@@ -95,8 +95,6 @@ def _softmax_statistics(logits: torch.Tensor, targets: torch.Tensor) -> tuple[to
     """softmax(logits) (in place of ``logits``, float32 ``[rows, vocab]``) and each row's log-probability of its
     target, entropy and log-normaliser: in one kernel where it runs (float32 on the CPU, and measured faster
     here: :func:`posttrain.models.train_elementwise.softmax_statistics`), else with PyTorch's operations."""
-    from posttrain.models import cpu_probe  # it imports the kernels' modules, which import torch only
-
     if train_elementwise.supports(logits) and cpu_probe.train_elementwise_pays():
         return logits, *train_elementwise.softmax_statistics(logits, targets)
     return torch_softmax_statistics(logits, targets)

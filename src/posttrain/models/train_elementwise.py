@@ -37,7 +37,7 @@ FAMILIES = {"LlamaRMSNorm": "llama", "MistralRMSNorm": "mistral", "Qwen2RMSNorm"
 
 
 _P, _SIZE, _THREADS = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-_KERNELS = native.Kernels(SOURCE, "RMSNorm / SwiGLU training kernels", {
+_KERNELS = native.Kernels(SOURCE, "RMSNorm / SwiGLU / LM head softmax training kernels", {
     "rms_norm_forward": [_P, _P, _SIZE, _SIZE, ctypes.c_float, _P, _P, _THREADS],
     "rms_norm_backward": [_P, _P, _P, _P, _SIZE, _SIZE, _P, _P, _P, _THREADS],
     "swiglu_forward": [_P, _P, _SIZE, _P, _THREADS],
@@ -115,10 +115,10 @@ def softmax_statistics(logits: torch.Tensor, targets: torch.Tensor) -> tuple[tor
     """Turn ``logits`` ``[rows, vocab]`` (contiguous float32 on the CPU, :func:`supports`) into their softmax in
     place, and return each row's log-probability of its entry of ``targets`` ``[rows]``, its entropy and its
     log-normaliser (logsumexp), each ``[rows]``."""
-    rows, vocab = logits.shape
-    if not logits.is_contiguous() or targets.shape != (rows,):
+    if logits.dim() != 2 or not logits.is_contiguous() or targets.shape != logits.shape[:1]:
         raise ValueError(f"expected contiguous logits [rows, vocab] and targets [rows], got {list(logits.shape)} "
                          f"({'' if logits.is_contiguous() else 'not '}contiguous) and {list(targets.shape)}")
+    rows, vocab = logits.shape
     targets = targets.to(torch.int64).contiguous()
     if rows and not 0 <= int(targets.min()) <= int(targets.max()) < vocab:
         raise ValueError(f"targets must be token ids below the vocabulary's {vocab}, got {targets.min()} .. "
