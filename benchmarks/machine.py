@@ -84,6 +84,6 @@ def attention_line() -> str:
 
 
 def elementwise_line() -> str:
-    """What a float32 training pass's RMSNorm and SwiGLU run on."""
-    return kernel_line("training RMSNorm/SwiGLU", train_elementwise, train_elementwise_pays,
+    """What a float32 training pass's RMSNorm, SwiGLU and LM-head softmax run on."""
+    return kernel_line("training RMSNorm/SwiGLU/head softmax", train_elementwise, train_elementwise_pays,
                        train_elementwise_speedup, "PyTorch's operations")

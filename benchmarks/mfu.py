@@ -46,6 +46,7 @@ from machine import describe  # benchmarks/machine.py: the CPU model and flags b
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
+WARMUP = 2
 
 
 def matmul_peak(sizes: tuple[int, ...] = (1024, 2048, 4096), repeats: int = 8) -> float:
@@ -91,13 +92,16 @@ def measure(model, shape: tuple, repeats: int, autocast: bool = False, kernels: 
     attention = 4 * head_dim * config.num_attention_heads * config.num_hidden_layers * pairs  # q.k and p.v
     flops = 3 * (counter.get_total_flops() + attention)
     times = []
-    for i in range(repeats + 1):  # the first step warms up
+    # Two steps warm up: the first steps at a new shape grow the heap (page faults), which a training run pays
+    # once (benchmarks/first_step.py measures that); the 8 x 256 shape's first step after the GRPO shape's
+    # ran 15-25% slower than the ones after it.
+    for i in range(repeats + WARMUP):
         start = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), onednn_training(model, kernels):
             out = policy_forward(model, ids, mask, loss_mask, prompt_lengths=plens)
         (out.logprobs * loss_mask).sum().backward()
         model.zero_grad(set_to_none=True)
-        if i:
+        if i >= WARMUP:
             times.append(time.perf_counter() - start)
     seconds = statistics.median(times)
     return {"model_flops": flops, "attention_flops": 3 * attention, "median_seconds": seconds,
