@@ -293,7 +293,7 @@ def train_elementwise_speedup() -> float:
     for 256 rows of the default model's 49k vocabulary (what a GRPO batch's head computes per 8 layers); on
     posttrain's malloc setting as in training; 0 where the kernels cannot be built. On a Zen 4 EPYC: 1.45-1.75x
     without the head."""
-    from posttrain.models.logprobs import torch_softmax_statistics  # it asks train_elementwise_pays
+    from posttrain.models.logprobs import torch_softmax_statistics  # here: logprobs imports this module
 
     if train_elementwise.unavailable_reason() is not None:
         return 0.0
