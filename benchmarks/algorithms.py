@@ -29,8 +29,10 @@ from machine import describe  # benchmarks/machine.py: the CPU model and flags b
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = ["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo"]
-# The README's algorithm table was measured with the demo's earlier rollout: 48 tokens, float32 decoding.
-TABLE_RECIPE = ("rollout.max_new_tokens=48", "rollout.decode_dtype=float32")
+# The README's algorithm table was measured with the demo's earlier batch, rate and rollout: 2 tasks x 8,
+# lr 1e-5, 48 tokens, float32 decoding.
+TABLE_RECIPE = ("train.tasks_per_step=2", "train.microbatch_size=16", "train.learning_rate=1e-5",
+                "rollout.max_new_tokens=48", "rollout.decode_dtype=float32")
 
 
 def run(name: str, steps: int, out_dir: Path, evaluate_before: bool) -> dict:
