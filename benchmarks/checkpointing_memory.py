@@ -29,7 +29,8 @@ def one_run(model: str, checkpointing: bool, steps: int) -> dict:
     cfg = load_config(ROOT / "examples" / "arithmetic_grpo.yaml", [
         f"model.name={model}", f"model.gradient_checkpointing={checkpointing}", "output_dir=/tmp/ckpt-memory",
         # rewards must vary within groups, or the update (where activations live) is skipped
-        "algorithm.beta=0", "train.tasks_per_step=4", "train.microbatch_size=16", "rollout.max_new_tokens=64"])
+        "algorithm.beta=0", "algorithm.overlong_buffer=0", "train.tasks_per_step=4", "train.microbatch_size=16",
+        "rollout.max_new_tokens=64"])
     trainer = Trainer(cfg)
     start = time.time()
     trained = 0

@@ -73,6 +73,7 @@ def posttrain_config(lora: bool, beta: float, bf16: bool, steps: int, out_dir: s
     return load_config(ROOT / "examples" / "arithmetic_grpo.yaml", [
         f"model.name={MODEL}", f"model.lora.enabled={str(lora).lower()}", "algorithm.name=grpo",
         f"model.autocast={'bfloat16' if bf16 else 'none'}", "rollout.decode_dtype=float32",  # as TRL's generate
+        "algorithm.overlong_buffer=0",  # TRL's GRPO shapes no rewards by length
         f"algorithm.beta={beta}", f"algorithm.group_size={GENERATIONS}", f"train.tasks_per_step={PROMPTS_PER_STEP}",
         f"train.microbatch_size={PROMPTS_PER_STEP * GENERATIONS}", f"train.learning_rate={LEARNING_RATE}",
         f"rollout.max_new_tokens={MAX_NEW_TOKENS}", "rollout.temperature=1.0", f"train.steps={steps}",
