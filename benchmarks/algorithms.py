@@ -29,16 +29,21 @@ from machine import describe  # benchmarks/machine.py: the CPU model and flags b
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = ["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo"]
-# The README's algorithm table was measured with the demo's earlier batch, rate and rollout: 2 tasks x 8,
-# lr 1e-5, 48 tokens, float32 decoding; and without the demo's overlong penalty but for dapo (its preset's).
-TABLE_RECIPE = ("train.tasks_per_step=2", "train.microbatch_size=16", "train.learning_rate=1e-5",
-                "rollout.max_new_tokens=48", "rollout.decode_dtype=float32")
+
+
+def table_recipe(name: str) -> list[str]:
+    """Overrides of the demo's config with which the README's algorithm table was measured for ``name``
+    (also benchmarks/reproduce.py's algorithm claims): the demo's earlier batch, rate and rollout (2 tasks
+    x 8, lr 1e-5, 48 tokens, float32 decoding), and the algorithm's own overlong penalty (dapo's preset;
+    none for the others) rather than the demo's."""
+    return ["train.tasks_per_step=2", "train.microbatch_size=16", "train.learning_rate=1e-5",
+            "rollout.max_new_tokens=48", "rollout.decode_dtype=float32",
+            f"algorithm.overlong_buffer={ALGORITHM_PRESETS[name].get('overlong_buffer', 0)}"]
 
 
 def run(name: str, steps: int, out_dir: Path, evaluate_before: bool) -> dict:
     cfg = load_config(ROOT / "examples" / "arithmetic_grpo.yaml", [
-        f"algorithm.name={name}", f"train.steps={steps}", "eval.every=0", *TABLE_RECIPE,
-        f"algorithm.overlong_buffer={ALGORITHM_PRESETS[name].get('overlong_buffer', 0)}",
+        f"algorithm.name={name}", f"train.steps={steps}", "eval.every=0", *table_recipe(name),
         f"eval.before_training={str(evaluate_before).lower()}", f"output_dir={out_dir / name}",
     ])
     torch.manual_seed(cfg.seed)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
-from posttrain.config import ALGORITHM_PRESETS
+from algorithms import table_recipe  # benchmarks/algorithms.py: the recipe of the README's algorithm table
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 5.0  # points
@@ -65,14 +65,11 @@ CLAIMS = {c.name: c for c in [
     Claim("dpo", offline("dpo", "arithmetic_dpo.yaml"), claimed_gain=42.0),
     Claim("rft", offline("sft", "arithmetic_rft.yaml"), claimed_gain=31.0),
     # The README's algorithm table (benchmarks/algorithms.py): 30 steps, base 38%, at a constant rate but
-    # for rloo, which holds only with the demo's cosine decay (its spread over seeds halves); the demo's
-    # earlier batch, rate and rollout (2 tasks x 8, lr 1e-5, 48 tokens, float32), with which it was measured, and
-    # each algorithm's own overlong penalty (dapo's preset; none for the others) rather than the demo's.
+    # for rloo, which holds only with the demo's cosine decay (its spread over seeds halves); the recipe the
+    # table was measured with (algorithms.table_recipe).
     *[Claim(f"algorithm_{name}", (train("arithmetic_grpo.yaml") + (
         "--set", f"algorithm.name={name}", "--set", "train.steps=30", "--set", f"train.lr_schedule={schedule}",
-        "--set", "train.tasks_per_step=2", "--set", "train.microbatch_size=16", "--set", "train.learning_rate=1e-5",
-        "--set", f"algorithm.overlong_buffer={ALGORITHM_PRESETS[name].get('overlong_buffer', 0)}",
-        "--set", "eval.every=0", "--set", "rollout.max_new_tokens=48", "--set", "rollout.decode_dtype=float32"),),
+        "--set", "eval.every=0", *[a for o in table_recipe(name) for a in ("--set", o)]),),
         claimed_gain=gain)
       for name, schedule, gain in [("grpo", "constant", 42.0), ("dr_grpo", "constant", 44.0),
                                    ("dapo", "constant", 43.0), ("rloo", "cosine", 37.0),
