@@ -326,34 +326,41 @@ def train_elementwise_pays() -> bool:
     return train_elementwise_speedup() > 1.0
 
 
-# The oneDNN training path is taken only with a clear margin: on an AMD EPYC (Zen 3, AVX2 only) single
-# layers measured 0.9-1.2x, with a median of 1.08x, while whole training passes ran 1.1-1.3x slower
-# on it (benchmarks/mfu.py); on Zen 5 a layer measured 2.1-2.2x.
-ONEDNN_TRAINING_THRESHOLD = 1.25
+# The oneDNN training path is taken with a margin over what the probe below measures. An earlier probe
+# (an MLP block's forward and backward at 256 rows, weight gradients included, which oneDNN then also
+# computed) misled both ways: on an AMD EPYC of the Zen 3 generation (AVX2 only) it read 0.9-1.2x while
+# whole training passes ran 1.1-1.3x slower on oneDNN, and on a Zen 4 EPYC it read 1.05-1.33x from
+# process to process, under a 1.25x threshold as often as over it, while the pass ran 1.04-1.06x faster
+# on oneDNN (benchmarks/mfu.py's shapes, one process, the two paths in turns). This probe times only
+# the products that the choice moves, at a training pass's rows: 1.09-1.16x on that Zen 4 EPYC.
+ONEDNN_TRAINING_THRESHOLD = 1.05
 
 
 @stored_per_machine
 def onednn_training_speedup() -> float:
-    """How many times faster float32 linear layers' forward and backward run on oneDNN
-    (:class:`~posttrain.models.onednn_linear.OneDNNLinear`) than through PyTorch's own matmuls
-    here, at the training shapes of the default model's MLP block (256 rows, 576 -> 1536 -> 576); 0
-    when this torch has no oneDNN linear op. The two paths are timed in turns and the median ratio
-    taken, so that a burst of load on a shared machine does not decide for the machine."""
+    """How many times faster the forward and input-gradient matmuls of float32 linear layers run on oneDNN
+    (:class:`~posttrain.models.onednn_linear.OneDNNLinear`) than through PyTorch's own matmuls here, at a
+    training pass's shapes: the seven linear layers of one of the default model's decoder layers
+    (576 -> 576, 192, 192, 576, 1536, 1536 and 1536 -> 576) at 512 rows. Their weight gradients take
+    their own path (:func:`onednn_weight_grad_speedup`), so the layers are frozen here, as LoRA's base
+    layers are. 0 when this torch has no oneDNN linear op. The two paths are timed in turns and the
+    median ratio taken, so that a burst of load on a shared machine does not decide for the machine."""
     from posttrain.models.onednn_linear import OneDNNLinear
 
     if not packing_available():
         return 0.0
-    rows, features, hidden = 256, 576, 1536
-    up, down = torch.randn(hidden, features, requires_grad=True), torch.randn(features, hidden, requires_grad=True)
-    x = torch.randn(rows, features, requires_grad=True)
-
-    def step(onednn: bool) -> None:
-        linear = (lambda a, w: OneDNNLinear.apply(a, w, None)) if onednn else torch.nn.functional.linear
-        linear(linear(x, up), down).sum().backward()
+    rows, hidden, inter = 512, 576, 1536
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(hidden, hidden), (192, hidden), (192, hidden), (hidden, hidden), (inter, hidden), (inter, hidden),
+              (hidden, inter)]
+    weights = [torch.randn(out, inp, generator=generator) for out, inp in shapes]
+    inputs = {width: torch.randn(rows, width, generator=generator, requires_grad=True) for width in (hidden, inter)}
+    grads = [torch.randn(rows, out, generator=generator) for out, _inp in shapes]
 
     def seconds(onednn: bool) -> float:
+        linear = (lambda a, w: OneDNNLinear.apply(a, w, None)) if onednn else torch.nn.functional.linear
         start = time.perf_counter()
-        step(onednn)
+        torch.autograd.backward([linear(inputs[w.shape[1]], w) for w in weights], grads)
         return time.perf_counter() - start
 
     try:

@@ -97,7 +97,7 @@ def _forward(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 def onednn_training(model: nn.Module, enabled: bool | None = None) -> Iterator[None]:
     """Within the block, the ``nn.Linear`` layers of ``model`` (peft's LoRA layers are made of them)
     compute with :class:`OneDNNLinear`, and :func:`active` is true, so the LM head's hand-written
-    pass uses :func:`matmul_nt` too. ``enabled``: None where oneDNN measured clearly faster on
+    pass uses :func:`matmul_nt` too. ``enabled``: None where oneDNN measured faster, by a margin, on
     this CPU (:func:`~posttrain.models.cpu_probe.onednn_training_pays`), True wherever this torch has
     the op, False never. Layers already given a forward of their own (packed frozen layers) keep
     it; it calls :func:`linear` itself."""
