@@ -2,6 +2,8 @@
 
 Machines of one kind here differ (AMD EPYC with AVX512-BF16, Intel Xeon with AMX), and the fastest
 dtype and kernels differ with them, so a table means little without the CPU model and its flags.
+
+    python benchmarks/machine.py    # prints that line alone (measuring what this machine has not measured yet)
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from posttrain.models import decode_layer, train_attention, train_elementwise
 from posttrain.models.cpu_probe import (ONEDNN_TRAINING_THRESHOLD, bf16_decode_speedup, bf16_training_speedup, cpu_flags,
                                         has_bf16_units, narrow_bf16_decode_speedup, narrow_decode_kernel,
                                         native_layer_pays, native_layer_speedup,
-                                        onednn_training_speedup, onednn_weight_grad_pays,
+                                        onednn_training_pays, onednn_training_speedup, onednn_weight_grad_pays,
                                         onednn_weight_grad_speedup, train_attention_pays, train_attention_speedup,
                                         train_elementwise_pays, train_elementwise_speedup, wide_decode_kernel)
 from posttrain.models.panel_linear import unavailable_reason
@@ -43,8 +45,8 @@ def describe() -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (f"machine: {model}, {os.cpu_count()} cores, flags {' '.join(flags) or 'none of ' + '/'.join(FLAGS)}; "
             f"{bf16_line()}; {layer_line()}; {attention_line()}; {elementwise_line()}; "
-            f"fp32 training matmuls on oneDNN vs PyTorch's "
-            f"{onednn_training_speedup():.2f}x (used from {ONEDNN_TRAINING_THRESHOLD}x), their weight gradients on "
+            f"fp32 training matmuls on {'oneDNN' if onednn_training_pays() else 'MKL'} (oneDNN vs MKL "
+            f"{onednn_training_speedup():.2f}x, oneDNN from {ONEDNN_TRAINING_THRESHOLD}x), their weight gradients on "
             f"{'oneDNN' if onednn_weight_grad_pays() else 'MKL'} (oneDNN vs MKL {onednn_weight_grad_speedup():.2f}x); "
             f"torch {torch.__version__}; load average {load:.1f}; "
             f"the choices' measurements, taken once on this machine, are kept in {probe_file()}")
@@ -87,3 +89,7 @@ def elementwise_line() -> str:
     """What a float32 training pass's RMSNorm, SwiGLU and LM-head softmax run on."""
     return kernel_line("training RMSNorm/SwiGLU/head softmax", train_elementwise, train_elementwise_pays,
                        train_elementwise_speedup, "PyTorch's operations")
+
+
+if __name__ == "__main__":
+    print(describe())

@@ -327,12 +327,13 @@ def train_elementwise_pays() -> bool:
 
 
 # The oneDNN training path is taken with a margin over what the probe below measures. An earlier probe
-# (an MLP block's forward and backward at 256 rows, weight gradients included, which oneDNN then also
-# computed) misled both ways: on an AMD EPYC of the Zen 3 generation (AVX2 only) it read 0.9-1.2x while
-# whole training passes ran 1.1-1.3x slower on oneDNN, and on a Zen 4 EPYC it read 1.05-1.33x from
-# process to process, under a 1.25x threshold as often as over it, while the pass ran 1.04-1.06x faster
-# on oneDNN (benchmarks/mfu.py's shapes, one process, the two paths in turns). This probe times only
-# the products that the choice moves, at a training pass's rows: 1.09-1.16x on that Zen 4 EPYC.
+# timed an MLP block's forward and backward at 256 rows, weight gradients included, and misled: on an AMD
+# EPYC of the Zen 3 generation (AVX2 only; oneDNN then computed the weight gradients too) it read 0.9-1.2x
+# while whole training passes ran 1.1-1.3x slower on oneDNN; on a Zen 4 EPYC it read 1.05-1.33x from
+# process to process, under its 1.25x threshold as often as over it, while the pass ran 1.03-1.12x faster
+# on oneDNN (benchmarks/mfu.py's shapes, one process, the two paths in turns). This probe times only the
+# products that the choice moves (weight gradients have a probe of their own), at a training pass's
+# rows: 1.09-1.16x on that Zen 4 EPYC.
 ONEDNN_TRAINING_THRESHOLD = 1.05
 
 

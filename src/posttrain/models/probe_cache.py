@@ -1,14 +1,14 @@
 """CPU measurements taken once per machine and kept in a file, so that every process agrees.
 
 The fast paths of :mod:`posttrain.models.cpu_probe` are chosen by timing kernels, and on some CPUs two
-kernels are close: the oneDNN training probe read 1.05x to 1.33x across processes on a Zen 4 AMD
-EPYC, around its 1.25x threshold. Measured anew in each process, the choice then flipped between a
+kernels are close: an earlier oneDNN training probe read 1.05x to 1.33x across processes on a Zen 4
+AMD EPYC, around the 1.25x threshold it had. Measured anew in each process, the choice then flipped between a
 run and its resumed continuation, whose float sums differed in the last bits, so a resumed run did
 not repeat the uninterrupted one; two runs of one config and seed differed the same way. The first
 process on a machine measures and writes the file; every later one reads it (a lock keeps two
 first processes from measuring at once). Delete the file to measure again. A measurement may
-take another (the oneDNN training probe runs layers whose weight gradients follow their own probe):
-the process holds the file's lock once, however deep.
+run code whose kernels another measurement chooses: the process holds the file's lock once, however
+deep.
 
 The file is keyed by what the timings depend on: the CPU (model and flags), torch's version and the
 number of threads torch runs matmuls on; each value by its function's name and source (and the
