@@ -43,8 +43,13 @@ class Claim:
 
     def argv(self, run: Path, store: Path, seed: int, overrides: list[str]) -> list[list[str]]:
         """The commands of one seed; ``overrides`` (key=value) go to every command, as --set."""
-        extra = [a for o in [f"seed={seed}", *overrides] for a in ("--set", o)]
+        extra = list(set_args([f"seed={seed}", *overrides]))
         return [[part.format(run=run, store=store) for part in cmd] + extra for cmd in self.commands]
+
+
+def set_args(overrides: list[str]) -> tuple[str, ...]:
+    """``--set KEY=VALUE`` for each of ``overrides``, as the CLI takes them."""
+    return tuple(arg for override in overrides for arg in ("--set", override))
 
 
 def train(config: str) -> tuple[str, ...]:
@@ -67,10 +72,9 @@ CLAIMS = {c.name: c for c in [
     # The README's algorithm table (benchmarks/algorithms.py): 30 steps, base 38%, at a constant rate but
     # for rloo, which holds only with the demo's cosine decay (its spread over seeds halves); the recipe the
     # table was measured with (algorithms.table_recipe).
-    *[Claim(f"algorithm_{name}", (train("arithmetic_grpo.yaml") + (
-        "--set", f"algorithm.name={name}", "--set", "train.steps=30", "--set", f"train.lr_schedule={schedule}",
-        "--set", "eval.every=0", *[a for o in table_recipe(name) for a in ("--set", o)]),),
-        claimed_gain=gain)
+    *[Claim(f"algorithm_{name}", (train("arithmetic_grpo.yaml") + set_args([
+        f"algorithm.name={name}", "train.steps=30", f"train.lr_schedule={schedule}", "eval.every=0",
+        *table_recipe(name)]),), claimed_gain=gain)
       for name, schedule, gain in [("grpo", "constant", 42.0), ("dr_grpo", "constant", 44.0),
                                    ("dapo", "constant", 43.0), ("rloo", "cosine", 37.0),
                                    ("reinforce_pp", "constant", 43.0), ("ppo", "constant", 42.0)]],
