@@ -21,13 +21,14 @@ from posttrain.models.cpu_probe import (ONEDNN_TRAINING_THRESHOLD, bf16_decode_s
                                         onednn_weight_grad_speedup, train_attention_pays, train_attention_speedup,
                                         train_elementwise_pays, train_elementwise_speedup, wide_decode_kernel)
 from posttrain.models.panel_linear import unavailable_reason
-from posttrain.models.probe_cache import cpuinfo, probe_file
+from posttrain.models.probe_cache import cpuinfo, isa_ceilings, probe_file
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
 def cpu_model_and_flags() -> tuple[str, list[str]]:
-    """The CPU's model name and which of FLAGS it has (from /proc/cpuinfo; platform data elsewhere)."""
+    """The CPU's model name and which of FLAGS it has (from /proc/cpuinfo; platform data elsewhere), less
+    those above an instruction-set ceiling set in the environment."""
     model = platform.processor() or platform.machine()
     fields = cpuinfo()
     if fields:
@@ -37,13 +38,15 @@ def cpu_model_and_flags() -> tuple[str, list[str]]:
 
 
 def describe() -> str:
-    """One line: CPU model, cores, vector/matrix flags, measured speed-ups of the dtype and kernel
-    choices, torch version, load now, and the file those measurements are kept in."""
+    """One line: CPU model, cores, vector/matrix flags (and any ceiling set on them), measured speed-ups
+    of the dtype and kernel choices, torch version, load now, and the file those measurements are kept in."""
     import torch
 
     model, flags = cpu_model_and_flags()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"machine: {model}, {os.cpu_count()} cores, flags {' '.join(flags) or 'none of ' + '/'.join(FLAGS)}; "
+    ceilings = "".join(f" (capped by {name}={value})" for name, value in isa_ceilings().items())
+    return (f"machine: {model}, {os.cpu_count()} cores, flags {' '.join(flags) or 'none of ' + '/'.join(FLAGS)}"
+            f"{ceilings}; "
             f"{bf16_line()}; {layer_line()}; {attention_line()}; {elementwise_line()}; "
             f"fp32 training matmuls on {'oneDNN' if onednn_training_pays() else 'MKL'} (oneDNN vs MKL "
             f"{onednn_training_speedup():.2f}x, oneDNN from {ONEDNN_TRAINING_THRESHOLD}x), their weight gradients on "

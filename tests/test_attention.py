@@ -17,7 +17,7 @@ from posttrain.models import attention as attention_module
 from posttrain.models import train_attention
 from posttrain.models.attention import NAME, posttrain_sdpa, use_posttrain_attention
 from posttrain.models.logprobs import policy_forward
-from posttrain.models.probe_cache import cpuinfo
+from posttrain.models.probe_cache import cpu_flags
 from posttrain.models.policy import Policy
 
 
@@ -157,8 +157,7 @@ def test_training_attention_says_what_is_wrong_with_a_mask():
 
 def test_training_attention_kernels_build_wherever_they_can_run():
     """Not a silent fallback: on an x86-64 CPU with AVX2/FMA and a C compiler, a broken build fails here."""
-    flags = set(cpuinfo().get("flags", "").split())
-    if platform.machine() != "x86_64" or not {"avx2", "fma"} <= flags or shutil.which("cc") is None:
+    if platform.machine() != "x86_64" or not {"avx2", "fma"} <= cpu_flags() or shutil.which("cc") is None:
         pytest.skip("the kernels need x86-64 with AVX2/FMA and a C compiler")
     assert train_attention.unavailable_reason() is None
 

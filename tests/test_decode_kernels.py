@@ -1,6 +1,7 @@
 """Every decode kernel computes the same matmul, and each decode step runs on the kernel chosen for it."""
 
 import platform
+import re
 import shutil
 
 import pytest
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 from posttrain.models import decode_layer, native, panel_dot, panel_linear
 from posttrain.models.cpu_probe import narrow_decode_kernel, narrow_decode_seconds, wide_decode_kernel
 from posttrain.models.decode_kernels import FP32_KERNELS, KERNELS
-from posttrain.models.probe_cache import cpuinfo
+from posttrain.models.probe_cache import cpu_flags, hardware_flags
 from posttrain.rollout.fast_decode import (NARROW_ROWS, DecodeWeights, StaticCache, attend, decode_step, rms_norm,
                                            rotate)
 
@@ -61,7 +62,7 @@ def test_float32_kernels_give_the_models_own_logits_at_one_row(tiny_model, token
 
 
 def _can_build_panel_kernel() -> bool:
-    return (platform.machine() == "x86_64" and {"avx2", "fma"} <= set(cpuinfo().get("flags", "").split())
+    return (platform.machine() == "x86_64" and {"avx2", "fma"} <= cpu_flags()
             and shutil.which("cc") is not None)
 
 
@@ -72,15 +73,21 @@ def test_panel_kernel_builds_wherever_it_can_run():
     assert panel_linear.unavailable_reason() is None
 
 
+# why an AVX-512 kernel cannot run: the CPU lacks the instructions, or ATEN_CPU_CAPABILITY caps them
+NO_AVX512 = r"(the CPU has no avx512|avx512[\w, ]* above PyTorch's instruction set here \(AVX2)"
+NO_AVX512F = (r"(the CPU has no avx512f"
+              r"|avx512f above PyTorch's instruction set here \(AVX2; ATEN_CPU_CAPABILITY sets it\))")
+
+
 def test_panel_kernels_avx512_build_builds_wherever_the_cpu_has_avx512():
     """Not a silent fallback: where the CPU reports AVX-512, a broken build of it fails here."""
     if not _can_build_panel_kernel():
         pytest.skip("our kernels need x86-64 with AVX2/FMA and a C compiler")
-    if "avx512f" in cpuinfo().get("flags", "").split():
+    if "avx512f" in cpu_flags():
         assert panel_linear.AVX512.unavailable_reason() is None
     else:
-        assert panel_linear.AVX512.unavailable_reason() == "the CPU has no avx512f"
-        with pytest.raises(RuntimeError, match="AVX-512 build.*cannot run here: the CPU has no avx512f"):
+        assert re.fullmatch(NO_AVX512F, panel_linear.AVX512.unavailable_reason())
+        with pytest.raises(RuntimeError, match=f"AVX-512 build.*cannot run here: {NO_AVX512F}"):
             KERNELS["panel512 fp32"].prepare(torch.randn(16, 16), 16)
 
 
@@ -119,21 +126,19 @@ def test_panel_kernels_two_builds_give_the_same_bits(dtype):
 
 def test_dot_kernel_builds_wherever_the_cpu_has_avx512_bf16():
     """Not a silent fallback: where the CPU reports the instructions it uses, a broken build fails here."""
-    flags = set(cpuinfo().get("flags", "").split())
     if not _can_build_panel_kernel():
         pytest.skip("our kernels need x86-64 with AVX2/FMA and a C compiler")
-    if {"avx512f", "avx512bw", "avx512_bf16"} <= flags:
+    if {"avx512f", "avx512bw", "avx512_bf16"} <= cpu_flags():
         assert panel_dot.unavailable_reason() is None
     else:
-        assert panel_dot.unavailable_reason().startswith("the CPU has no avx512")
-        with pytest.raises(RuntimeError, match="cannot run here: the CPU has no avx512"):
+        assert re.match(NO_AVX512, panel_dot.unavailable_reason())
+        with pytest.raises(RuntimeError, match=f"cannot run here: {NO_AVX512}"):
             KERNELS["dot bf16"].prepare(torch.randn(16, 16), 16)
 
 
 def test_a_kernel_that_needs_cpu_flags_is_not_loaded_where_they_are_missing(monkeypatch):
     """Its instructions would stop the process: a CPU without them gets the reason, never the library."""
-    flags = cpuinfo().get("flags", "").split()
-    monkeypatch.setattr(native, "cpuinfo", lambda: {"flags": " ".join(f for f in flags if f != "avx512_bf16")})
+    monkeypatch.setattr(native, "hardware_flags", lambda: hardware_flags() - {"avx512_bf16"})
     kernels = native.Kernels(panel_dot.SOURCE, "bf16 dot-product matmul kernel", {}, needs=("avx512_bf16",))
     reason = kernels.unavailable_reason()
     assert reason is not None and ("avx512_bf16" in reason or not _can_build_panel_kernel())

@@ -6,6 +6,10 @@ import subprocess
 import sys
 import threading
 
+import pytest
+
+from posttrain.models.probe_cache import ISA_CEILINGS
+
 CHOICES = """
 import json
 from posttrain.models import cpu_probe
@@ -91,3 +95,32 @@ def test_a_measurement_that_takes_another_keeps_both(tmp_path, monkeypatch):
     assert results == [3.0], "the nested measurement waited on this process's own lock"
     assert {key.split()[0]: value for key, value in json.loads(probe_file().read_text()).items()} == \
         {"inner": 2.0, "outer": 3.0}
+
+
+CEILING = """
+import json
+from posttrain.models import panel_linear, probe_cache
+print(json.dumps([sorted(probe_cache.cpu_flags()), panel_linear.AVX512.unavailable_reason(),
+                  str(probe_cache.probe_file())]))
+"""
+
+
+def test_pytorchs_instruction_ceiling_keeps_our_kernels_under_it_and_is_measured_apart(tmp_path):
+    """``ATEN_CPU_CAPABILITY=avx2`` runs the whole stack as on a CPU without AVX-512: our AVX-512 kernels
+    say why they do not run, and the probes keep their timings in another file (those taken with
+    AVX-512 would not hold)."""
+    def run(**ceiling) -> list:
+        env = {name: value for name, value in os.environ.items() if name not in ISA_CEILINGS}
+        env |= {"POSTTRAIN_CACHE_DIR": str(tmp_path), **ceiling}
+        proc = subprocess.run([sys.executable, "-c", CEILING], env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout)
+
+    flags, _, uncapped_file = run()
+    if not {"avx2", "avx512f"} <= set(flags):
+        pytest.skip("needs a CPU with AVX-512")
+    capped_flags, reason, capped_file = run(ATEN_CPU_CAPABILITY="avx2")
+    assert "avx2" in capped_flags and not [flag for flag in capped_flags if flag.startswith(("avx512", "amx"))]
+    assert set(capped_flags) < set(flags)
+    assert reason == "avx512f above PyTorch's instruction set here (AVX2; ATEN_CPU_CAPABILITY sets it)"
+    assert capped_file != uncapped_file

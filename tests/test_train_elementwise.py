@@ -17,7 +17,7 @@ from posttrain.models import cpu_probe, load_model, load_tokenizer
 from posttrain.models import train_elementwise
 from posttrain.models.logprobs import policy_forward, torch_softmax_statistics
 from posttrain.models.policy import Policy
-from posttrain.models.probe_cache import cpuinfo
+from posttrain.models.probe_cache import cpu_flags
 from posttrain.models.train_elementwise import rms_norm, softmax_statistics, swiglu, use_fused_norm_mlp
 
 needs_kernels = pytest.mark.skipif(train_elementwise.unavailable_reason() is not None,
@@ -118,8 +118,7 @@ def test_the_kernels_say_what_does_not_fit():
 
 def test_training_elementwise_kernels_build_wherever_they_can_run():
     """Not a silent fallback: on an x86-64 CPU with AVX2/FMA and a C compiler, a broken build fails here."""
-    flags = set(cpuinfo().get("flags", "").split())
-    if platform.machine() != "x86_64" or not {"avx2", "fma"} <= flags or shutil.which("cc") is None:
+    if platform.machine() != "x86_64" or not {"avx2", "fma"} <= cpu_flags() or shutil.which("cc") is None:
         pytest.skip("the kernels need x86-64 with AVX2/FMA and a C compiler")
     assert train_elementwise.unavailable_reason() is None
 

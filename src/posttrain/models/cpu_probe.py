@@ -32,13 +32,7 @@ from posttrain.models import decode_layer, native, train_attention, train_elemen
 from posttrain.models.allocator import keep_freed_memory
 from posttrain.models.decode_kernels import FP32_KERNELS, KERNELS, definitions
 from posttrain.models.packed_linear import _pack, _packed_linear, packing_available
-from posttrain.models.probe_cache import cpuinfo, stored_per_machine
-
-
-@functools.cache
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (/proc/cpuinfo on Linux; empty elsewhere), read once per process."""
-    return frozenset(cpuinfo().get("flags", "").split())
+from posttrain.models.probe_cache import cpu_flags, stored_per_machine
 
 
 def has_bf16_units() -> bool:

@@ -23,7 +23,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from posttrain.models.probe_cache import cache_dir, cpuinfo
+import torch
+
+from posttrain.models.probe_cache import cache_dir, cpu_flags, hardware_flags
 
 # -ffp-contract=off: a*b + c in C stays two roundings, as in PyTorch (intrinsics FMAs are explicit)
 COMPILE_FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
@@ -71,15 +73,19 @@ def load(source: Path, needs: tuple[str, ...] = (), flags: tuple[str, ...] = ())
     """``source`` compiled (with ``flags`` besides :data:`COMPILE_FLAGS`) and loaded, or why it cannot be
     here. ``needs``: the CPU flags (as /proc/cpuinfo names them) it runs on besides AVX2 and FMA, for a
     source or build that asks the compiler for more (``#pragma GCC target``, ``-mavx512f``): its
-    instructions would stop the process where they are missing."""
+    instructions would stop the process where they are missing. A flag above PyTorch's instruction-set
+    cap (:func:`posttrain.models.probe_cache.cpu_flags`) counts as missing."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"not an x86-64 CPU ({platform.machine()})"
-    cpu_flags = set(cpuinfo().get("flags", "").split())
-    if not {"avx2", "fma"} <= cpu_flags:
+    if not {"avx2", "fma"} <= hardware_flags():
         return "the CPU has no AVX2 and FMA"
-    missing = [flag for flag in needs if flag not in cpu_flags]
+    missing = [flag for flag in needs if flag not in hardware_flags()]
     if missing:
         return f"the CPU has no {', '.join(missing)}"
+    capped = [flag for flag in ("avx2", "fma", *needs) if flag not in cpu_flags()]
+    if capped:
+        capability = torch.backends.cpu.get_cpu_capability()
+        return f"{', '.join(capped)} above PyTorch's instruction set here ({capability}; ATEN_CPU_CAPABILITY sets it)"
     compiler = _compiler()
     if compiler is None:
         return "no C compiler (cc, or $CC)"

@@ -10,9 +10,10 @@ first processes from measuring at once). Delete the file to measure again. A mea
 run code whose kernels another measurement chooses: the process holds the file's lock once, however
 deep.
 
-The file is keyed by what the timings depend on: the CPU (model and flags), torch's version and the
-number of threads torch runs matmuls on; each value by its function's name and source (and the
-code it measures, where that lives elsewhere), so that a changed measurement is taken again. It
+The file is keyed by what the timings depend on: the CPU (model and flags), torch's version, the
+number of threads torch runs matmuls on and any instruction-set ceiling set in the environment
+(:data:`ISA_CEILINGS`); each value by its function's name and source (and the code it measures,
+where that lives elsewhere), so that a changed measurement is taken again. It
 lives in ``$POSTTRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/posttrain``, else ``~/.cache/posttrain``;
 where that cannot be written, each process measures for itself.
 """
@@ -55,6 +56,34 @@ def cpuinfo() -> dict[str, str]:
     return fields
 
 
+# Environment variables that cap the instructions PyTorch's kernels (ATEN_CPU_CAPABILITY), oneDNN's
+# and MKL's use: they change what the probes measure. posttrain's own kernels keep to PyTorch's cap
+# (:func:`cpu_flags`), so that one variable runs the whole stack as a CPU without AVX-512 would.
+ISA_CEILINGS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
+def hardware_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo names them (empty where there is no such file)."""
+    return frozenset(cpuinfo().get("flags", "").split())
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The flags whose instructions posttrain may use: the CPU's, less those above the instruction
+    set PyTorch was told to stop at (``ATEN_CPU_CAPABILITY=avx2``: no AVX-512 or AMX; ``default``:
+    no AVX, FMA or AMX either)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability == "AVX512":
+        return hardware_flags()
+    above = ("avx512", "amx") if capability == "AVX2" else ("avx", "fma", "amx")
+    return frozenset(flag for flag in hardware_flags() if not flag.startswith(above))
+
+
+def isa_ceilings() -> dict[str, str]:
+    """The :data:`ISA_CEILINGS` set in this environment, by name."""
+    return {name: os.environ[name] for name in ISA_CEILINGS if os.environ.get(name)}
+
+
 def cache_dir() -> Path:
     """``$POSTTRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/posttrain``, else ``~/.cache/posttrain``."""
     root = os.environ.get("POSTTRAIN_CACHE_DIR")
@@ -64,7 +93,8 @@ def cache_dir() -> Path:
 def probe_file() -> Path:
     """Where this machine's measurements are kept (see the module docstring)."""
     cpu = [cpuinfo().get(k, "") for k in ("vendor_id", "cpu family", "model", "model name", "flags")]
-    key = json.dumps([cpu, torch.__version__, torch.get_num_threads()])
+    # a ceiling joins the key only where one is set, so that machines without keep their measurements
+    key = json.dumps([cpu, torch.__version__, torch.get_num_threads()] + ([isa_ceilings()] if isa_ceilings() else []))
     return cache_dir() / f"cpu-probe-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
