@@ -44,7 +44,8 @@ def describe() -> str:
 
     model, flags = cpu_model_and_flags()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    ceilings = "".join(f" (capped by {name}={value})" for name, value in isa_ceilings().items())
+    ceilings = ", ".join(f"{name}={value}" for name, value in isa_ceilings().items())
+    ceilings = f" (capped by {ceilings})" if ceilings else ""
     return (f"machine: {model}, {os.cpu_count()} cores, flags {' '.join(flags) or 'none of ' + '/'.join(FLAGS)}"
             f"{ceilings}; "
             f"{bf16_line()}; {layer_line()}; {attention_line()}; {elementwise_line()}; "
