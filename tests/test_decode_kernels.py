@@ -36,12 +36,16 @@ def test_narrow_steps_take_the_fastest_kernel_measured_here_and_float32_stays_fl
     assert {"packed fp32", "plain fp32", "plain bf16"} <= set(seconds)  # these run on every x86 CPU
     assert narrow_decode_kernel(False) in FP32_KERNELS  # float32 decoding never rounds to bf16
     assert seconds[narrow_decode_kernel(True)] == min(seconds.values())
-    assert seconds[narrow_decode_kernel(False)] == min(seconds[k] for k in FP32_KERNELS)
+    assert seconds[narrow_decode_kernel(False)] == min(seconds[k] for k in FP32_KERNELS if k in seconds)
 
 
 @pytest.mark.parametrize("native_layer", [True, False])
 @pytest.mark.parametrize("name", FP32_KERNELS)
 def test_float32_kernels_give_the_models_own_logits_at_one_row(tiny_model, tokenizer, name, native_layer):
+    try:
+        KERNELS[name].prepare(torch.zeros(16, 16), 1)
+    except RuntimeError as e:  # an AVX-512 build on a CPU without AVX-512
+        pytest.skip(str(e))
     ids = torch.tensor([tokenizer.encode("What is 2 + 3?")])
     with torch.no_grad():
         out = tiny_model(input_ids=ids, use_cache=True)
