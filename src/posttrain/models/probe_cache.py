@@ -93,8 +93,8 @@ def cache_dir() -> Path:
 def probe_file() -> Path:
     """Where this machine's measurements are kept (see the module docstring)."""
     cpu = [cpuinfo().get(k, "") for k in ("vendor_id", "cpu family", "model", "model name", "flags")]
-    # a ceiling joins the key only where one is set, so that machines without keep their measurements
-    key = json.dumps([cpu, torch.__version__, torch.get_num_threads()] + ([isa_ceilings()] if isa_ceilings() else []))
+    ceilings = isa_ceilings()  # in the key only where one is set, so that machines without keep their measurements
+    key = json.dumps([cpu, torch.__version__, torch.get_num_threads()] + ([ceilings] if ceilings else []))
     return cache_dir() / f"cpu-probe-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
