@@ -7,8 +7,10 @@ import sys
 import threading
 
 import pytest
+import torch
 
-from posttrain.models.probe_cache import ISA_CEILINGS
+from posttrain.models import native, panel_linear
+from posttrain.models.probe_cache import ISA_CEILINGS, cpu_flags, hardware_flags
 
 CHOICES = """
 import json
@@ -124,3 +126,19 @@ def test_pytorchs_instruction_ceiling_keeps_our_kernels_under_it_and_is_measured
     assert set(capped_flags) < set(flags)
     assert reason == "avx512f above PyTorch's instruction set here (AVX2; ATEN_CPU_CAPABILITY sets it)"
     assert capped_file != uncapped_file
+
+
+def test_an_avx512_build_refused_where_pytorch_itself_stops_at_avx2_says_so(monkeypatch):
+    """Where no variable caps it but PyTorch runs AVX2 kernels on a CPU that has avx512f (a CPU with
+    only part of the AVX-512 PyTorch asks for), the reason blames PyTorch's choice, not a variable."""
+    if "avx512f" not in hardware_flags():
+        pytest.skip("needs a CPU with AVX-512")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    cpu_flags.cache_clear()
+    try:
+        reason = native.load(panel_linear.SOURCE, needs=("avx512f",), flags=("-mavx512f",))
+    finally:
+        monkeypatch.undo()
+        cpu_flags.cache_clear()
+    assert reason == "avx512f above PyTorch's instruction set here (AVX2; PyTorch's choice for this CPU)"

@@ -85,7 +85,9 @@ def load(source: Path, needs: tuple[str, ...] = (), flags: tuple[str, ...] = ())
     capped = [flag for flag in ("avx2", "fma", *needs) if flag not in cpu_flags()]
     if capped:
         capability = torch.backends.cpu.get_cpu_capability()
-        return f"{', '.join(capped)} above PyTorch's instruction set here ({capability}; ATEN_CPU_CAPABILITY sets it)"
+        cause = "ATEN_CPU_CAPABILITY sets it" if os.environ.get("ATEN_CPU_CAPABILITY") else \
+            "PyTorch's choice for this CPU"
+        return f"{', '.join(capped)} above PyTorch's instruction set here ({capability}; {cause})"
     compiler = _compiler()
     if compiler is None:
         return "no C compiler (cc, or $CC)"

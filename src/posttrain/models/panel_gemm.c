@@ -3,18 +3,25 @@
  * The weight W [N, K] is stored once as panels of 16 outputs, each panel K rows of 16 values
  * (panel p, input k holds W[16p .. 16p+15][k]; posttrain.models.panel_linear packs it), so that a
  * panel is one sequential stream. A thread takes a contiguous range of panels, GROUP at a time; for
- * them it walks the rows of x in blocks of up to BLOCK and keeps the block's sums in registers, two
- * vectors a row, adding one input k at a time (two weight vectors, one broadcast of x per row, two
- * FMAs per row). Built with AVX2 (the default) a vector holds 8 outputs: one panel at a time, blocks
- * of 6 rows, 12 of the 16 vector registers. Built with AVX-512 (-mavx512f; posttrain.models.
- * panel_linear builds both where the CPU has it) a vector holds 16: two panels at a time, blocks of 8
- * rows, 16 of the 32 registers; on a Zen 4 EPYC that build ran the default model's float32 matmuls
- * 4-7% faster at 16 and 32 rows and 15-20% at 8 (Intel's server cores, with two 512-bit FMA units,
- * have twice AVX2's peak for it to reach). The panels are read from memory once, by the first block,
- * and from cache by the others; while that first block runs it asks for the next ones, so that the
- * stream from memory overlaps the arithmetic. The weights are float32 (panel_linear_f32) or bf16
- * (panel_linear_bf16: half the bytes to read, widened to float32 in registers; sums and x stay
- * float32). Either build adds each output's products in the order of k, so both give the same bits.
+ * them it walks the rows of x in blocks of up to BLOCK, as equal as can be (32 rows in AVX2's blocks of
+ * 6: 6, 6, 5, 5, 5, 5, not five of 6 and one of 2, whose four sums cannot hide the FMA's latency), and
+ * keeps the block's sums in registers, two vectors a row, adding one input k at a time (two weight
+ * vectors, one broadcast of x per row, two FMAs per row). Built with AVX2 (the default) a vector holds
+ * 8 outputs: one panel at a time, blocks of up to 6 rows, 12 of the 16 registers. Built with AVX-512
+ * (-mavx512f; posttrain.models.panel_linear builds both where the CPU has it) a vector holds 16: two
+ * panels at a time, blocks of up to 8 rows, 16 of the 32 registers; on a Zen 4 EPYC that build ran the
+ * default model's float32 matmuls 0-16% faster at 16 and 32 rows and 3-20% at 8 (Intel's server cores,
+ * with two 512-bit FMA units, have twice AVX2's peak for it to reach).
+ *
+ * The panels are read from memory once, by the first block, and from cache by the others. Every block
+ * asks for its share of the next panels' cache lines (block b of n: inputs b, b + n, ...), so that the
+ * stream from memory overlaps all of the arithmetic; asked for by the first block alone, they came in
+ * a burst that stalled it. Over the default model's float32 matmuls (30 layers and the head, AVX2
+ * build, Zen 4 EPYC, one process in turns, medians of 8), at 8 / 16 / 32 rows: 23.1 / 27.0 / 48.8 ms
+ * before, 20.2 / 23.8 / 45.5 with the requests spread, 18.8 / 23.6 / 43.9 with equal blocks as well.
+ * The weights are float32 (panel_linear_f32) or bf16 (panel_linear_bf16: half the bytes to read,
+ * widened to float32 in registers; sums and x stay float32). Either build adds each output's products
+ * in the order of k, so both give the same bits.
  *
  * Why our own: at 1 to 64 rows a decode step's matmuls are bound by reading the weights or by
  * the vector units, and oneDNN's and MKL's kernels reach neither at these widths on AVX2 CPUs
@@ -65,17 +72,21 @@ static inline vec load_bf16(const bf16 *p) {
 #define MAX_BLOCK 8            /* the micro-kernels defined, the AVX2 build using six */
 
 /* Sums of an MR-row block over two weight vectors a row: wa + k * PANEL and wb + k * PANEL (the two
- * halves of one panel, or two panels); next, when not NULL, is the first of the GROUP panels after them. */
+ * halves of one panel, or two panels); next, when not NULL, is the first of the GROUP panels after them,
+ * whose inputs k = first, first + every, ... this block asks the cache for. */
 #define MICRO(T, MR)                                                                                \
     static void micro_##T##_##MR(const float *x, int64_t K, const T *wa, const T *wb, const T *next, \
-                                 float out[MAX_BLOCK][2 * LANES]) {                                 \
+                                 int64_t first, int64_t every, float out[MAX_BLOCK][2 * LANES]) {   \
         vec sa[MR], sb[MR];                                                                         \
         _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) sa[i] = sb[i] = ZERO();                \
+        int64_t due = first;                                                                        \
         for (int64_t k = 0; k < K; k++) {                                                           \
             vec a = load_##T(wa + k * PANEL), b = load_##T(wb + k * PANEL);                         \
-            if (next)                                                                               \
+            if (next && k == due) {                                                                 \
                 for (int g = 0; g < GROUP; g++)                                                     \
                     _mm_prefetch((const char *)(next + (g * K + k) * PANEL), _MM_HINT_T1);          \
+                due += every;                                                                       \
+            }                                                                                       \
             _Pragma("GCC unroll 8") for (int i = 0; i < MR; i++) {                                  \
                 vec v = BROADCAST(x[i * K + k]);                                                    \
                 sa[i] = FMA(v, a, sa[i]);                                                           \
@@ -93,7 +104,7 @@ static inline vec load_bf16(const bf16 *p) {
 #define LINEAR(T)                                                                                   \
     MICRO(T, 1) MICRO(T, 2) MICRO(T, 3) MICRO(T, 4) MICRO(T, 5) MICRO(T, 6) MICRO(T, 7) MICRO(T, 8) \
     static void (*const micros_##T[MAX_BLOCK + 1])(const float *, int64_t, const T *, const T *, const T *, \
-                                               float[MAX_BLOCK][2 * LANES]) = {                     \
+                                               int64_t, int64_t, float[MAX_BLOCK][2 * LANES]) = {   \
         0, micro_##T##_1, micro_##T##_2, micro_##T##_3, micro_##T##_4, micro_##T##_5, micro_##T##_6, \
         micro_##T##_7, micro_##T##_8};                                                              \
     void panel_linear_##T(const float *x, int64_t M, int64_t K, const T *wp, int64_t N,              \
@@ -105,10 +116,11 @@ static inline vec load_bf16(const bf16 *p) {
             const T *wb = GROUP == 1 ? wa + LANES : p + 1 < panels ? wa + stride : wa;              \
             int64_t n0 = p * PANEL, width = N - n0 < GROUP * PANEL ? N - n0 : GROUP * PANEL;        \
             float out[MAX_BLOCK][2 * LANES];                                                        \
-            for (int64_t m = 0; m < M; m += BLOCK) {                                                \
-                int rows = M - m < BLOCK ? (int)(M - m) : BLOCK;                                    \
-                const T *next = m == 0 && p + GROUP < panels ? wa + GROUP * stride : 0;             \
-                micros_##T[rows](x + m * K, K, wa, wb, next, out);                                  \
+            const T *next = p + GROUP < panels ? wa + GROUP * stride : 0;                           \
+            int64_t blocks = (M + BLOCK - 1) / BLOCK;                                               \
+            for (int64_t b = 0, m = 0, rows; b < blocks; b++, m += rows) {                          \
+                rows = M / blocks + (b < M % blocks);                                               \
+                micros_##T[rows](x + m * K, K, wa, wb, next, b, blocks, out);                       \
                 for (int i = 0; i < rows; i++) {                                                    \
                     float *dst = y + (m + i) * N + n0;                                              \
                     if (bias)                                                                       \

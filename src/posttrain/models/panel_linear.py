@@ -16,9 +16,10 @@ It is built on first use (:mod:`posttrain.models.native`). Where it cannot be bu
 where it can, :mod:`posttrain.models.cpu_probe` still uses it only where it measured faster. On CPUs
 with AVX-512 the same source is built a second time with it (:data:`AVX512`: 16 outputs a vector,
 two panels and 8 rows at a time; the same panels and the same sums), which the probes time as
-kernels of their own: on a Zen 4 EPYC the default model's float32 matmuls took 25.6-26.5 ms at 16 rows
-against 26.7-27.9 for the AVX2 build, 17.7-18.8 against 20.9-22.3 at 8 rows, 44-47 against 46-49 at 32
-(one process, in turns, medians of 6).
+kernels of their own: on a Zen 4 EPYC the default model's float32 matmuls took 24.5-25.1 ms at 16 rows
+against 25.1-26.1 for the AVX2 build, 14.3-19.6 against 16.9-20.2 at 8 rows, 44.0-45.1 against 46.4-52.2
+at 32 (two runs, each one process timing both in turns, medians of 12; the kernel asks for its next
+panels from every block of rows since, see ``panel_gemm.c``).
 """
 
 from __future__ import annotations
