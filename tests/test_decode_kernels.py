@@ -129,6 +129,21 @@ def test_panel_kernels_two_builds_give_the_same_bits(dtype):
     assert torch.equal(results[0], results[1])
 
 
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_panel_kernel_gives_a_row_the_same_bits_in_a_batch_of_any_size(build):
+    """However a batch splits into blocks of rows, each output is summed in the order of the inputs:
+    a row's result, so the log-probability of its sampled token, does not depend on how many rows
+    decode beside it."""
+    if BUILDS[build].unavailable_reason():
+        pytest.skip(BUILDS[build].unavailable_reason())
+    torch.manual_seed(0)
+    packed = panel_linear.pack(torch.randn(40, 70), torch.float32, BUILDS[build])
+    x = torch.randn(32, 70)
+    whole = panel_linear.linear(packed, None, x)
+    for rows in (1, 5, 7, 13, 26, 31):
+        assert torch.equal(panel_linear.linear(packed, None, x[:rows]), whole[:rows]), rows
+
+
 def test_dot_kernel_builds_wherever_the_cpu_has_avx512_bf16():
     """Not a silent fallback: where the CPU reports the instructions it uses, a broken build fails here."""
     if not _can_build_panel_kernel():
