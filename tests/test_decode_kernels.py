@@ -144,6 +144,46 @@ def test_panel_kernel_gives_a_row_the_same_bits_in_a_batch_of_any_size(build):
         assert torch.equal(panel_linear.linear(packed, None, x[:rows]), whole[:rows]), rows
 
 
+def _ties(shape) -> torch.Tensor:
+    """Random float32 values, a third of them exactly halfway between two bf16 values (odd and even)."""
+    bits = torch.randn(shape).view(torch.int32)
+    halfway = (bits & ~0xFFFF) | 0x8000
+    return torch.where(torch.rand(shape) < 0.33, halfway, bits).view(torch.float32)
+
+
+@pytest.mark.parametrize("inputs", [37, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_panel_packing_lays_out_pytorchs_rounding_and_packs_parts_as_their_concatenation(build, dtype, inputs):
+    """The panels hold W[16p + j][k] at [p, k, j] (zero past the outputs), rounded to bf16 exactly as
+    PyTorch rounds, ties included; a weight given as parts (q, k and v) packs as their concatenation."""
+    if BUILDS[build].unavailable_reason():
+        pytest.skip(BUILDS[build].unavailable_reason())
+    torch.manual_seed(inputs)
+    parts = [_ties((rows, inputs)) for rows in (7, 25, 40)]
+    whole = torch.cat(parts)
+    expected = F.pad(whole.to(dtype), (0, 0, 0, -len(whole) % 16)).view(-1, 16, inputs).transpose(1, 2)
+    for weight in (whole, parts):
+        assert torch.equal(panel_linear.pack(weight, dtype, BUILDS[build]).panels.view(torch.int16),
+                           expected.contiguous().view(torch.int16))
+
+
+@pytest.mark.parametrize("inputs", [37, 64])
+def test_dot_packing_lays_out_pytorchs_rounding_and_packs_parts_as_their_concatenation(inputs):
+    """Pair i of panel p holds W[16p + j][2i], W[16p + j][2i + 1] for j = 0..15 (an odd last input and
+    the outputs past the weight's zero), rounded to bf16 as PyTorch rounds."""
+    if panel_dot.unavailable_reason():
+        pytest.skip(panel_dot.unavailable_reason())
+    torch.manual_seed(inputs)
+    parts = [_ties((rows, inputs)) for rows in (7, 25, 40)]
+    whole = torch.cat(parts)
+    padded = F.pad(whole.bfloat16(), (0, inputs % 2, 0, -len(whole) % 16))
+    expected = padded.view(-1, 16, padded.shape[1] // 2, 2).transpose(1, 2).contiguous()
+    for weight in (whole, parts):
+        panels = panel_dot.pack(weight).panels
+        assert torch.equal(panels.view(torch.int16), expected.view(panels.shape).view(torch.int16))
+
+
 def test_dot_kernel_builds_wherever_the_cpu_has_avx512_bf16():
     """Not a silent fallback: where the CPU reports the instructions it uses, a broken build fails here."""
     if not _can_build_panel_kernel():

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,29 +26,35 @@ from posttrain.models.packed_linear import _pack, _packed_linear
 
 
 Linear = Callable[[object, torch.Tensor | None, torch.Tensor], torch.Tensor]  # (copy of the weight, bias, x)
+Weight = torch.Tensor | Sequence[torch.Tensor]  # a weight, or its parts one below the other (q, k and v)
+
+
+def _whole(weight: Weight) -> torch.Tensor:
+    return weight if isinstance(weight, torch.Tensor) else torch.cat(list(weight))
 
 
 @dataclass(frozen=True)
 class Kernel:
-    """``prepare(weight, rows)`` makes the copy the kernel reads (``rows``: the batch it is packed
-    for; RuntimeError where this CPU cannot run the kernel); ``linear(copy, bias, x)`` is
+    """``prepare(weight, rows)`` makes the copy the kernel reads from a weight or the parts it is made
+    of, one below the other (``rows``: the batch it is packed for; RuntimeError where this CPU cannot
+    run the kernel); ``linear(copy, bias, x)`` is
     x W^T + b, from inputs in any float dtype, in ``activations``: the dtype of the inputs it
     computes from and of its results (the copy's, or float32 for the panel kernel, which widens bf16
     weights as it reads them); ``dtype`` is the copy's and the bias's."""
 
-    prepare: Callable[[torch.Tensor, int], object]
+    prepare: Callable[[Weight, int], object]
     linear: Linear
     dtype: torch.dtype
     activations: torch.dtype
 
 
 def _plain(dtype: torch.dtype) -> Kernel:
-    return Kernel(lambda w, rows: w.to(dtype).contiguous(), lambda w, b, x: F.linear(x.to(dtype), w, b),
+    return Kernel(lambda w, rows: _whole(w).to(dtype).contiguous(), lambda w, b, x: F.linear(x.to(dtype), w, b),
                   dtype, dtype)
 
 
 def _packed(dtype: torch.dtype) -> Kernel:
-    return Kernel(lambda w, rows: _pack(w.to(dtype), rows), lambda w, b, x: _packed_linear(w, b, x.to(dtype)),
+    return Kernel(lambda w, rows: _pack(_whole(w).to(dtype), rows), lambda w, b, x: _packed_linear(w, b, x.to(dtype)),
                   dtype, dtype)
 
 

@@ -43,16 +43,7 @@ static inline float load1_bf16(const bf16 *p) {
 
 static inline void store1_f32(f32 *p, float x) { *p = x; }
 
-/* Round to nearest even, as PyTorch's float32 -> bf16 conversion does (NaN kept a NaN). */
-static inline void store1_bf16(bf16 *p, float x) {
-    uint32_t bits;
-    __builtin_memcpy(&bits, &x, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-        *p = (bf16)((bits >> 16) | 0x40);
-        return;
-    }
-    *p = (bf16)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
+static inline void store1_bf16(bf16 *p, float x) { *p = round_bf16(x); }
 
 static inline void store8_f32(f32 *p, __m256 v) { _mm256_storeu_ps(p, v); }
 

@@ -20,6 +20,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "simd.h"
+
 #define PANEL 16
 #define BLOCK 8
 
@@ -99,6 +101,44 @@ void panel_dot_bf16(const float *x, int64_t M, int64_t K, const bf16 *wp, int64_
                 else
                     memcpy(dst, out[i], width * sizeof(float));
             }
+        }
+    }
+}
+
+/* A weight's rows o0 .. o0 + rows - 1, src [rows, K] float32 row by row, rounded to bf16 (to nearest
+ * even, as PyTorch rounds) into the panels dst [ceil(N / 16), ceil(K / 2), 16, 2] that panel_dot_bf16
+ * reads; an odd K's last pair ends in zero. Part by part, as panel_gemm.c's panel_pack_T: a full
+ * panel's rows go 16 inputs (8 pairs, one 32-bit value each) at a time through two 8 x 8 transposes. */
+void panel_dot_pack(const float *src, int64_t rows, int64_t K, int64_t o0, bf16 *dst, int threads) {
+    int64_t K2 = (K + 1) / 2, first = o0 / PANEL, last = (o0 + rows - 1) / PANEL;
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")
+    for (int64_t p = first; p <= last; p++) {
+        int64_t lo = p * PANEL > o0 ? p * PANEL : o0, hi = (p + 1) * PANEL < o0 + rows ? (p + 1) * PANEL : o0 + rows;
+        bf16 *panel = dst + p * K2 * 2 * PANEL;
+        int64_t k = 0;
+        if (hi - lo == PANEL)
+            for (; k + 16 <= K; k += 16) {
+                __m256 a[8], b[8];
+                for (int i = 0; i < 8; i++) {
+                    const float *ra = src + (lo - o0 + i) * K + k, *rb = src + (lo - o0 + 8 + i) * K + k;
+                    a[i] = _mm256_castsi256_ps(pack16_bf16(round8_bf16(_mm256_loadu_ps(ra)),
+                                                           round8_bf16(_mm256_loadu_ps(ra + 8))));
+                    b[i] = _mm256_castsi256_ps(pack16_bf16(round8_bf16(_mm256_loadu_ps(rb)),
+                                                           round8_bf16(_mm256_loadu_ps(rb + 8))));
+                }
+                transpose8(a);
+                transpose8(b);
+                for (int i = 0; i < 8; i++) {
+                    bf16 *pair = panel + (k / 2 + i) * 2 * PANEL;
+                    _mm256_storeu_ps((float *)pair, a[i]);
+                    _mm256_storeu_ps((float *)(pair + PANEL), b[i]);
+                }
+            }
+        for (int64_t o = lo; o < hi; o++) {
+            bf16 *column = panel + (o - p * PANEL) * 2;
+            for (int64_t kk = k; kk < K; kk++)
+                column[(kk / 2) * 2 * PANEL + (kk & 1)] = round_bf16(src[(o - o0) * K + kk]);
+            if (K & 1) column[(K2 - 1) * 2 * PANEL + 1] = 0;
         }
     }
 }

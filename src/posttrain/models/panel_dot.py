@@ -16,14 +16,14 @@ fastest for the step's width.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from posttrain.models import native
-from posttrain.models.panel_linear import float32_operands
+from posttrain.models.panel_linear import float32_operands, weight_parts
 
 SOURCE = Path(__file__).with_name("panel_dot.c")
 PANEL = 16  # outputs per panel, as in panel_dot.c
@@ -41,21 +41,27 @@ class PairedWeight:
 
 _P, _SIZE = ctypes.c_void_p, ctypes.c_int64
 _KERNELS = native.Kernels(SOURCE, "bf16 dot-product matmul kernel",
-                          {"panel_dot_bf16": [_P, _SIZE, _SIZE, _P, _SIZE, _P, _P, _P, ctypes.c_int]},
+                          {"panel_dot_bf16": [_P, _SIZE, _SIZE, _P, _SIZE, _P, _P, _P, ctypes.c_int],
+                           "panel_dot_pack": [_P, _SIZE, _SIZE, _SIZE, _P, ctypes.c_int]},
                           needs=("avx512f", "avx512bw", "avx512_bf16"))
 unavailable_reason = _KERNELS.unavailable_reason
 
 
-def pack(weight: torch.Tensor) -> PairedWeight:
-    """``weight`` ``[outputs, inputs]`` in bf16, in the kernel's layout; RuntimeError where it cannot run here."""
-    _KERNELS.loaded()
-    outputs, inputs = weight.shape
-    weight = weight.detach().to(torch.bfloat16)
-    if inputs % 2 or outputs % PANEL:
-        weight = F.pad(weight, (0, inputs % 2, 0, -outputs % PANEL))
-    # A pair of bf16 inputs as one 32-bit value: [panels, 16 outputs, pairs] -> [panels, pairs, 16 outputs]
-    pairs = weight.contiguous().view(torch.int32).view(-1, PANEL, weight.shape[1] // 2)
-    return PairedWeight(pairs.transpose(1, 2).contiguous().view(torch.bfloat16), outputs, inputs)
+def pack(weight: torch.Tensor | Sequence[torch.Tensor]) -> PairedWeight:
+    """``weight`` ``[outputs, inputs]`` (or its parts, one below the other) in bf16, in the kernel's
+    layout; RuntimeError where it cannot run here."""
+    lib = _KERNELS.loaded()
+    parts, outputs, inputs = weight_parts(weight)
+    panels = torch.empty(-(-outputs // PANEL), (inputs + 1) // 2, 2 * PANEL, dtype=torch.bfloat16)
+    if outputs % PANEL:
+        panels[-1].zero_()  # the outputs past the weight's
+    start = 0
+    for part in parts:
+        if part.shape[0]:
+            lib.panel_dot_pack(part.data_ptr(), part.shape[0], inputs, start, panels.data_ptr(),
+                               torch.get_num_threads())
+        start += part.shape[0]
+    return PairedWeight(panels, outputs, inputs)
 
 
 def linear(weight: PairedWeight, bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:

@@ -25,11 +25,11 @@ panels from every block of rows since, see ``panel_gemm.c``).
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from posttrain.models import native
 
@@ -48,23 +48,44 @@ class PanelWeight:
 
 
 _P, _SIZE = ctypes.c_void_p, ctypes.c_int64
-_SIGNATURES = {name: [_P, _SIZE, _SIZE, _P, _SIZE, _P, _P, ctypes.c_int]
-               for name in ("panel_linear_f32", "panel_linear_bf16")}
+_SIGNATURES = {**{name: [_P, _SIZE, _SIZE, _P, _SIZE, _P, _P, ctypes.c_int]
+                  for name in ("panel_linear_f32", "panel_linear_bf16")},
+               **{name: [_P, _SIZE, _SIZE, _SIZE, _P, ctypes.c_int] for name in ("panel_pack_f32", "panel_pack_bf16")}}
 AVX2 = native.Kernels(SOURCE, "panel matmul kernel", _SIGNATURES)
 AVX512 = native.Kernels(SOURCE, "panel matmul kernel (AVX-512 build)", _SIGNATURES, needs=("avx512f",),
                         flags=("-mavx512f",))
 unavailable_reason = AVX2.unavailable_reason
 
 
-def pack(weight: torch.Tensor, dtype: torch.dtype = torch.float32, build: native.Kernels = AVX2) -> PanelWeight:
-    """``weight`` ``[outputs, inputs]`` in the kernel's layout, in ``dtype`` (float32 or bfloat16), for
+def weight_parts(weight: torch.Tensor | Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], int, int]:
+    """A weight ``[outputs, inputs]``, or the parts it is made of one below the other (q, k and v), as
+    contiguous float32 parts, and its (outputs, inputs); ValueError for parts that do not stack."""
+    parts = [weight] if isinstance(weight, torch.Tensor) else list(weight)
+    parts = [part.detach().float().contiguous() for part in parts]
+    if not parts or any(part.dim() != 2 or part.shape[1] != parts[0].shape[1] for part in parts):
+        shapes = [list(part.shape) for part in parts]
+        raise ValueError(f"expected weights [outputs, inputs] with one input width, got {shapes}")
+    return parts, sum(part.shape[0] for part in parts), parts[0].shape[1]
+
+
+def pack(weight: torch.Tensor | Sequence[torch.Tensor], dtype: torch.dtype = torch.float32,
+         build: native.Kernels = AVX2) -> PanelWeight:
+    """``weight`` ``[outputs, inputs]`` (or its parts, one below the other, packed as their
+    concatenation without making it) in the kernel's layout, in ``dtype`` (float32 or bfloat16), for
     ``build`` (:data:`AVX2` or :data:`AVX512`) to read; RuntimeError where that build cannot run here."""
-    build.loaded()
+    lib = build.loaded()
     if dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"the panel kernel reads float32 or bfloat16 weights, not {dtype}")
-    outputs, inputs = weight.shape
-    padded = F.pad(weight.detach().to(dtype), (0, 0, 0, -outputs % PANEL))
-    panels = padded.view(-1, PANEL, inputs).transpose(1, 2).contiguous()
+    parts, outputs, inputs = weight_parts(weight)
+    panels = torch.empty(-(-outputs // PANEL), inputs, PANEL, dtype=dtype)
+    if outputs % PANEL:
+        panels[-1].zero_()  # the outputs past the weight's
+    write = lib.panel_pack_bf16 if dtype == torch.bfloat16 else lib.panel_pack_f32
+    start = 0
+    for part in parts:
+        if part.shape[0]:
+            write(part.data_ptr(), part.shape[0], inputs, start, panels.data_ptr(), torch.get_num_threads())
+        start += part.shape[0]
     return PanelWeight(panels, outputs, build)
 
 

@@ -50,7 +50,7 @@ from torch import nn
 
 from posttrain.models import decode_layer
 from posttrain.models.cpu_probe import native_layer_pays, narrow_decode_kernel, wide_decode_kernel
-from posttrain.models.decode_kernels import KERNELS, Kernel, Linear
+from posttrain.models.decode_kernels import KERNELS, Kernel, Linear, Weight
 from posttrain.models.packed_linear import _mergeable_lora, merged_lora_weight, packing_available
 
 SUPPORTED_TYPES = {"llama", "qwen2", "mistral"}
@@ -128,12 +128,12 @@ def torch_append_and_attend(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: to
 @dataclass
 class _Layer:
     norm1: torch.Tensor
-    qkv: torch.Tensor  # [q; k; v] weight
+    qkv: object  # the kernel's copy of the [q; k; v] weight
     qkv_bias: torch.Tensor | None
-    out: torch.Tensor
+    out: object
     norm2: torch.Tensor
-    gate_up: torch.Tensor  # [gate; up] weight
-    down: torch.Tensor
+    gate_up: object  # of the [gate; up] weight
+    down: object
 
 
 @dataclass
@@ -146,7 +146,7 @@ class Matmuls:
     as the down projection's input."""
 
     layers: list[_Layer]
-    head: torch.Tensor
+    head: object
     head_bias: torch.Tensor | None
     linear: Linear
     activations: torch.dtype
@@ -196,7 +196,7 @@ class DecodeWeights:
 
     @torch.no_grad()
     def _build(self, kernel: Kernel, rows: int) -> Matmuls:
-        def prepare(weight: torch.Tensor) -> torch.Tensor:
+        def prepare(weight: Weight) -> object:
             return kernel.prepare(weight, rows)
 
         head = effective_weight(self.model.get_output_embeddings())
@@ -206,7 +206,7 @@ class DecodeWeights:
         return Matmuls(layers, prepare(head[0]), _cast(head[1], kernel.dtype), kernel.linear, kernel.activations)
 
     @staticmethod
-    def _layer(layer: nn.Module, prepare: Callable[[torch.Tensor], torch.Tensor], bias_dtype: torch.dtype) -> _Layer:
+    def _layer(layer: nn.Module, prepare: Callable[[Weight], object], bias_dtype: torch.dtype) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         parts = [effective_weight(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
                                                mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
@@ -216,9 +216,8 @@ class DecodeWeights:
         biases = [qb, kb, vb]
         qkv_bias = None if all(b is None for b in biases) else torch.cat(
             [b if b is not None else torch.zeros(w.shape[0]) for b, w in zip(biases, (q, k, v))])
-        return _Layer(layer.input_layernorm.weight, prepare(torch.cat([q, k, v])), _cast(qkv_bias, bias_dtype),
-                      prepare(o), layer.post_attention_layernorm.weight, prepare(torch.cat([gate, up])),
-                      prepare(down))
+        return _Layer(layer.input_layernorm.weight, prepare((q, k, v)), _cast(qkv_bias, bias_dtype),
+                      prepare(o), layer.post_attention_layernorm.weight, prepare((gate, up)), prepare(down))
 
     def rotary_tables(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin ``[length, head_dim]`` for positions 0..length-1, from the model's own
