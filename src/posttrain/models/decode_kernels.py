@@ -37,10 +37,10 @@ def _whole(weight: Weight) -> torch.Tensor:
 class Kernel:
     """``prepare(weight, rows)`` makes the copy the kernel reads from a weight or the parts it is made
     of, one below the other (``rows``: the batch it is packed for; RuntimeError where this CPU cannot
-    run the kernel); ``linear(copy, bias, x)`` is
-    x W^T + b, from inputs in any float dtype, in ``activations``: the dtype of the inputs it
-    computes from and of its results (the copy's, or float32 for the panel kernel, which widens bf16
-    weights as it reads them); ``dtype`` is the copy's and the bias's."""
+    run the kernel); ``linear(copy, bias, x)`` is x W^T + b, from inputs in any float dtype, in
+    ``activations``: the dtype of the inputs it computes from and of its results (the copy's, or
+    float32 for the panel kernel, which widens bf16 weights as it reads them); ``dtype`` is the
+    copy's and the bias's."""
 
     prepare: Callable[[Weight, int], object]
     linear: Linear
@@ -54,8 +54,8 @@ def _plain(dtype: torch.dtype) -> Kernel:
 
 
 def _packed(dtype: torch.dtype) -> Kernel:
-    return Kernel(lambda w, rows: _pack(_whole(w).to(dtype), rows), lambda w, b, x: _packed_linear(w, b, x.to(dtype)),
-                  dtype, dtype)
+    return Kernel(lambda w, rows: _pack(_whole(w).to(dtype), rows),
+                  lambda w, b, x: _packed_linear(w, b, x.to(dtype)), dtype, dtype)
 
 
 def _panel(dtype: torch.dtype, build: native.Kernels = panel_linear.AVX2) -> Kernel:

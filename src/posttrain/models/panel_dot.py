@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from posttrain.models import native
-from posttrain.models.panel_linear import float32_operands, weight_parts
+from posttrain.models.panel_linear import float32_operands, weight_parts, write_parts
 
 SOURCE = Path(__file__).with_name("panel_dot.c")
 PANEL = 16  # outputs per panel, as in panel_dot.c
@@ -53,14 +53,7 @@ def pack(weight: torch.Tensor | Sequence[torch.Tensor]) -> PairedWeight:
     lib = _KERNELS.loaded()
     parts, outputs, inputs = weight_parts(weight)
     panels = torch.empty(-(-outputs // PANEL), (inputs + 1) // 2, 2 * PANEL, dtype=torch.bfloat16)
-    if outputs % PANEL:
-        panels[-1].zero_()  # the outputs past the weight's
-    start = 0
-    for part in parts:
-        if part.shape[0]:
-            lib.panel_dot_pack(part.data_ptr(), part.shape[0], inputs, start, panels.data_ptr(),
-                               torch.get_num_threads())
-        start += part.shape[0]
+    write_parts(lib.panel_dot_pack, parts, panels)
     return PairedWeight(panels, outputs, inputs)
 
 

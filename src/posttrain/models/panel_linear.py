@@ -25,7 +25,7 @@ panels from every block of rows since, see ``panel_gemm.c``).
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +68,19 @@ def weight_parts(weight: torch.Tensor | Sequence[torch.Tensor]) -> tuple[list[to
     return parts, sum(part.shape[0] for part in parts), parts[0].shape[1]
 
 
+def write_parts(write: Callable[..., None], parts: list[torch.Tensor], panels: torch.Tensor) -> None:
+    """The parts of a weight (:func:`weight_parts`) written one below the other into ``panels``
+    ``[ceil(outputs / 16), ...]`` by ``write``, one of our C packing routines (``src, rows, inputs,
+    first output, dst, threads``); the outputs past the weight's zero."""
+    start = 0
+    if sum(part.shape[0] for part in parts) % PANEL:
+        panels[-1].zero_()
+    for part in parts:
+        if part.shape[0]:
+            write(part.data_ptr(), part.shape[0], part.shape[1], start, panels.data_ptr(), torch.get_num_threads())
+        start += part.shape[0]
+
+
 def pack(weight: torch.Tensor | Sequence[torch.Tensor], dtype: torch.dtype = torch.float32,
          build: native.Kernels = AVX2) -> PanelWeight:
     """``weight`` ``[outputs, inputs]`` (or its parts, one below the other, packed as their
@@ -78,14 +91,7 @@ def pack(weight: torch.Tensor | Sequence[torch.Tensor], dtype: torch.dtype = tor
         raise ValueError(f"the panel kernel reads float32 or bfloat16 weights, not {dtype}")
     parts, outputs, inputs = weight_parts(weight)
     panels = torch.empty(-(-outputs // PANEL), inputs, PANEL, dtype=dtype)
-    if outputs % PANEL:
-        panels[-1].zero_()  # the outputs past the weight's
-    write = lib.panel_pack_bf16 if dtype == torch.bfloat16 else lib.panel_pack_f32
-    start = 0
-    for part in parts:
-        if part.shape[0]:
-            write(part.data_ptr(), part.shape[0], inputs, start, panels.data_ptr(), torch.get_num_threads())
-        start += part.shape[0]
+    write_parts(lib.panel_pack_bf16 if dtype == torch.bfloat16 else lib.panel_pack_f32, parts, panels)
     return PanelWeight(panels, outputs, build)
 
 
