@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,10 +23,10 @@ import torch.nn.functional as F
 
 from posttrain.models import native, panel_dot, panel_linear
 from posttrain.models.packed_linear import _pack, _packed_linear
+from posttrain.models.panel_linear import Weight
 
 
 Linear = Callable[[object, torch.Tensor | None, torch.Tensor], torch.Tensor]  # (copy of the weight, bias, x)
-Weight = torch.Tensor | Sequence[torch.Tensor]  # a weight, or its parts one below the other (q, k and v)
 
 
 def _whole(weight: Weight) -> torch.Tensor:

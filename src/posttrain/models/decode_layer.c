@@ -47,11 +47,9 @@ static inline void store1_bf16(bf16 *p, float x) { *p = round_bf16(x); }
 
 static inline void store8_f32(f32 *p, __m256 v) { _mm256_storeu_ps(p, v); }
 
-/* 8 floats rounded to nearest even bf16 (as store1_bf16, but for NaNs, which activations are not). */
+/* 8 floats rounded to nearest even bf16, as store1_bf16 rounds them. */
 static inline void store8_bf16(bf16 *p, __m256 v) {
-    __m256i bits = _mm256_castps_si256(v);
-    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-    __m256i top = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
+    __m256i top = round8_bf16(v);
     _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(_mm256_castsi256_si128(top), _mm256_extracti128_si256(top, 1)));
 }
 

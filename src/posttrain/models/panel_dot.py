@@ -16,14 +16,13 @@ fastest for the step's width.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from posttrain.models import native
-from posttrain.models.panel_linear import float32_operands, weight_parts, write_parts
+from posttrain.models.panel_linear import Weight, float32_operands, weight_parts, write_parts
 
 SOURCE = Path(__file__).with_name("panel_dot.c")
 PANEL = 16  # outputs per panel, as in panel_dot.c
@@ -47,7 +46,7 @@ _KERNELS = native.Kernels(SOURCE, "bf16 dot-product matmul kernel",
 unavailable_reason = _KERNELS.unavailable_reason
 
 
-def pack(weight: torch.Tensor | Sequence[torch.Tensor]) -> PairedWeight:
+def pack(weight: Weight) -> PairedWeight:
     """``weight`` ``[outputs, inputs]`` (or its parts, one below the other) in bf16, in the kernel's
     layout; RuntimeError where it cannot run here."""
     lib = _KERNELS.loaded()

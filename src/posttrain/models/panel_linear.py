@@ -47,6 +47,8 @@ class PanelWeight:
     build: native.Kernels
 
 
+Weight = torch.Tensor | Sequence[torch.Tensor]  # a weight, or its parts one below the other (q, k and v)
+
 _P, _SIZE = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {**{name: [_P, _SIZE, _SIZE, _P, _SIZE, _P, _P, ctypes.c_int]
                   for name in ("panel_linear_f32", "panel_linear_bf16")},
@@ -57,7 +59,7 @@ AVX512 = native.Kernels(SOURCE, "panel matmul kernel (AVX-512 build)", _SIGNATUR
 unavailable_reason = AVX2.unavailable_reason
 
 
-def weight_parts(weight: torch.Tensor | Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], int, int]:
+def weight_parts(weight: Weight) -> tuple[list[torch.Tensor], int, int]:
     """A weight ``[outputs, inputs]``, or the parts it is made of one below the other (q, k and v), as
     contiguous float32 parts, and its (outputs, inputs); ValueError for parts that do not stack."""
     parts = [weight] if isinstance(weight, torch.Tensor) else list(weight)
@@ -81,8 +83,7 @@ def write_parts(write: Callable[..., None], parts: list[torch.Tensor], panels: t
         start += part.shape[0]
 
 
-def pack(weight: torch.Tensor | Sequence[torch.Tensor], dtype: torch.dtype = torch.float32,
-         build: native.Kernels = AVX2) -> PanelWeight:
+def pack(weight: Weight, dtype: torch.dtype = torch.float32, build: native.Kernels = AVX2) -> PanelWeight:
     """``weight`` ``[outputs, inputs]`` (or its parts, one below the other, packed as their
     concatenation without making it) in the kernel's layout, in ``dtype`` (float32 or bfloat16), for
     ``build`` (:data:`AVX2` or :data:`AVX512`) to read; RuntimeError where that build cannot run here."""
