@@ -150,6 +150,28 @@ def test_fast_decode_samples_what_the_generic_loop_samples(tiny_model, tokenizer
         assert f.logprobs == pytest.approx(g.logprobs, abs=1e-5)
 
 
+@pytest.mark.parametrize("done", [[0, 0, 0, 0, 0, 1], [1, 0, 0, 0, 0, 0], [1, 0, 1, 0, 0, 1], [0, 1, 1, 1, 0, 0]])
+def test_finished_rows_leave_the_cache_moving_only_the_rows_they_make_room_for(done):
+    from posttrain.rollout.fast_decode import StaticCache
+    from posttrain.rollout.hf_backend import surviving_rows
+
+    done = torch.tensor(done, dtype=torch.bool)
+    order = surviving_rows(done)
+    assert sorted(order.tolist()) == (~done).nonzero().squeeze(-1).tolist()
+    moved = order != torch.arange(len(order))
+    assert int(moved.sum()) == int(done[: len(order)].sum()), "a row moves only into a finished row's place"
+    mask = torch.ones(6, 5, dtype=torch.long)
+    mask[2, :2] = 0  # a left-padded row keeps its padding wherever it goes
+    keys = [torch.randn(6, 2, 5, 4) for _ in range(2)]
+    for index in (order, order.flip(0)):  # the order surviving_rows gives, and any other
+        cache = StaticCache(keys, [k * 2 for k in keys], mask, capacity=9)
+        bias = cache.bias.clone()
+        cache.select(index)
+        assert all(torch.equal(k[:, :, :5], e[index]) for k, e in zip(cache.keys, keys))
+        assert all(torch.equal(v[:, :, :5], 2 * e[index]) for v, e in zip(cache.values, keys))
+        assert torch.equal(cache.bias, bias[index]) and all(k.is_contiguous() for k in cache.keys)
+
+
 def test_fast_decode_folds_lora_adapters_in():
     from posttrain.config import LoraConfig
     from posttrain.models import load_model, load_tokenizer

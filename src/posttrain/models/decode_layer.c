@@ -94,6 +94,10 @@ ROTATE(bf16)
  * -inf (left padding); out [rows, q_heads dim]. Column col is written, columns 0..col attended; dim
  * is a multiple of 8. One work item per (row, KV head): its new key and value into the cache, its
  * query heads rotated, their scores over the cache, softmax, and the weighted sum of the values.
+ * While an item's keys are scored, the next item's keys and values are asked for, a key's lines at a
+ * time: they lie in blocks of their own that the hardware's prefetcher only finds once read. On a Zen
+ * 4 EPYC (30 layers' attention, 8 to 32 rows over 40 to 100 columns, one process in turns) that made
+ * it 1.16-1.27x faster over a float32 cache, 1.37-1.48x over a bf16 one.
  * scratch: threads x (group (col + 1) + (group + 1) dim) floats, each thread's scores, rotated
  * queries and key. */
 #define ATTEND(TI, TC)                                                                              \
@@ -118,8 +122,15 @@ ROTATE(bf16)
                     store1_##TC(vc + col * dim + d, load1_##TI(x + (q_heads + kv_heads + g) * dim + d)); \
                 }                                                                                   \
                 for (int64_t h = 0; h < group; h++) rotate_##TI(x + (g * group + h) * dim, c, s, dim, q + h * dim); \
+                const char *nk = item + 1 < rows * kv_heads ? (const char *)(kc + capacity * dim) : 0; \
+                const char *nv = nk ? (const char *)(vc + capacity * dim) : 0;                    \
                 for (int64_t j = 0; j < length; j++) {                                              \
                     const TC *kj = kc + j * dim;                                                    \
+                    if (nk)                                                                         \
+                        for (int64_t l = 0; l < dim * (int64_t)sizeof(TC); l += 64) {               \
+                            _mm_prefetch(nk + j * dim * sizeof(TC) + l, _MM_HINT_T0);               \
+                            _mm_prefetch(nv + j * dim * sizeof(TC) + l, _MM_HINT_T0);               \
+                        }                                                                           \
                     for (int64_t h = 0; h < group; h++) {                                           \
                         __m256 acc = _mm256_setzero_ps();                                           \
                         for (int64_t d = 0; d < dim; d += 8)                                        \

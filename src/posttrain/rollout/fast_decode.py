@@ -257,17 +257,19 @@ class StaticCache:
         return out
 
     def select(self, index: torch.Tensor) -> None:
-        """Keep only rows ``index`` (finished rows leave the batch); copies only the columns in use."""
-        n = self.length
-        self.keys = [self._take(k, index, n) for k in self.keys]
-        self.values = [self._take(v, index, n) for v in self.values]
-        self.bias = self.bias.index_select(0, index)
-
-    @staticmethod
-    def _take(t: torch.Tensor, index: torch.Tensor, used: int) -> torch.Tensor:
-        out = t.new_empty(len(index), *t.shape[1:])
-        out[:, :, :used] = t[:, :, :used].index_select(0, index)
-        return out
+        """Keep only rows ``index`` (finished rows leave the batch), in that order. Only the rows whose
+        place changes are moved, in place, over the columns in use: in the order of
+        :func:`posttrain.rollout.hf_backend.surviving_rows`, one for each finished row that is not
+        among the last."""
+        n = len(index)
+        moved = (index != torch.arange(n)).nonzero().squeeze(-1)
+        sources = index[moved]
+        for t in (*self.keys, *self.values):
+            t[moved, :, : self.length] = t[sources, :, : self.length]
+        self.bias[moved] = self.bias[sources]
+        self.keys = [k[:n] for k in self.keys]
+        self.values = [v[:n] for v in self.values]
+        self.bias = self.bias[:n]
 
 
 @torch.no_grad()
