@@ -12,8 +12,8 @@ from posttrain.models import decode_layer, native, panel_dot, panel_linear
 from posttrain.models.cpu_probe import narrow_decode_kernel, narrow_decode_seconds, wide_decode_kernel
 from posttrain.models.decode_kernels import FP32_KERNELS, KERNELS
 from posttrain.models.probe_cache import cpu_flags, hardware_flags
-from posttrain.rollout.fast_decode import (NARROW_ROWS, DecodeWeights, StaticCache, attend, decode_step, rms_norm,
-                                           rotate)
+from posttrain.rollout.fast_decode import (NARROW_ROWS, DecodeWeights, StaticCache, attend, decode_step, prefill,
+                                           rms_norm, rotate)
 
 
 @pytest.mark.parametrize("name", list(KERNELS))
@@ -41,23 +41,26 @@ def test_narrow_steps_take_the_fastest_kernel_measured_here_and_float32_stays_fl
 
 @pytest.mark.parametrize("native_layer", [True, False])
 @pytest.mark.parametrize("name", FP32_KERNELS)
-def test_float32_kernels_give_the_models_own_logits_at_one_row(tiny_model, tokenizer, name, native_layer):
+def test_float32_kernels_prefill_and_decode_the_models_own_logits_at_one_row(tiny_model, tokenizer, name, native_layer):
     try:
         KERNELS[name].prepare(torch.zeros(16, 16), 1)
     except RuntimeError as e:  # an AVX-512 build on a CPU without AVX-512
         pytest.skip(str(e))
     ids = torch.tensor([tokenizer.encode("What is 2 + 3?")])
-    with torch.no_grad():
-        out = tiny_model(input_ids=ids, use_cache=True)
     weights = DecodeWeights(tiny_model, rows=1)
     if native_layer and not weights.native_layer:
         pytest.skip("our decode layer kernels do not run (or are not the faster) here")
     weights.native_layer = native_layer  # both paths, where both run
-    cache = StaticCache([layer.keys for layer in out.past_key_values.layers],
-                        [layer.values for layer in out.past_key_values.layers], torch.ones_like(ids), ids.shape[1] + 1)
-    cos, signed_sin = weights.rotary_tables(ids.shape[1] + 1)
-    token = out.logits[:, -1].argmax(-1)
-    logits = decode_step(weights, cache, token, cos[-1:], signed_sin[-1:], weights.copy(name, 1))
+    width = ids.shape[1]
+    cache = StaticCache(weights.layers, 1, weights.kv_heads, weights.head_dim, width + 1)
+    cos, signed_sin = weights.rotary_tables(width + 1)
+    matmuls = weights.copy(name, 1)
+    logits = prefill(weights, cache, ids, torch.ones_like(ids), cos[None, :width], signed_sin[None, :width], matmuls)
+    with torch.no_grad():
+        expected = tiny_model(input_ids=ids).logits[:, -1]
+    assert torch.allclose(logits, expected, atol=1e-4)
+    token = logits.argmax(-1)
+    logits = decode_step(weights, cache, token, cos[-1:], signed_sin[-1:], matmuls)
     with torch.no_grad():
         expected = tiny_model(input_ids=torch.cat([ids, token[:, None]], 1)).logits[:, -1]
     assert torch.allclose(logits, expected, atol=1e-4)

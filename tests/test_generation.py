@@ -159,8 +159,15 @@ def _fast_and_generic(model, tokenizer, prompts, params, num_samples=1):
     return fast.generate(prompts, params, num_samples), generic.generate(prompts, params, num_samples)
 
 
-def test_fast_decode_samples_what_the_generic_loop_samples(tiny_model, tokenizer):
-    # Prompts of different lengths (left padding), several samples each, rows stopping at different steps.
+@pytest.mark.parametrize("prefill", ["ours", "ours a few columns at a time", "the model's"])
+def test_fast_decode_samples_what_the_generic_loop_samples(tiny_model, tokenizer, monkeypatch, prefill):
+    # Prompts of different lengths (left padding), several samples each, rows stopping at different steps,
+    # prefilled on the decode kernels or, where the probe finds them slower at that width, by the model.
+    import posttrain.rollout.fast_decode as fast_decode
+
+    monkeypatch.setattr(fast_decode, "prefill_pays", lambda kernel, bf16: prefill != "the model's")
+    if prefill == "ours a few columns at a time":
+        monkeypatch.setattr(fast_decode, "PREFILL_PASS_ROWS", 8)  # 3 prompts: 2 columns a pass
     params = SamplingParams(temperature=1.0, max_new_tokens=16, stop=("a",))
     fast, generic = _fast_and_generic(tiny_model, tokenizer, prompt_ids(tokenizer), params, num_samples=3)
     assert [g.token_ids for g in fast] == [g.token_ids for g in generic]
@@ -180,11 +187,13 @@ def test_finished_rows_leave_the_cache_moving_only_the_rows_they_make_room_for(d
     assert sorted(order.tolist()) == (~done).nonzero().squeeze(-1).tolist()
     moved = order != torch.arange(len(order))
     assert int(moved.sum()) == int(done[: len(order)].sum()), "a row moves only into a finished row's place"
-    mask = torch.ones(6, 5, dtype=torch.long)
-    mask[2, :2] = 0  # a left-padded row keeps its padding wherever it goes
     keys = [torch.randn(6, 2, 5, 4) for _ in range(2)]
     for index in (order, order.flip(0)):  # the order surviving_rows gives, and any other
-        cache = StaticCache(keys, [k * 2 for k in keys], mask, capacity=9)
+        cache = StaticCache(layers=2, rows=6, kv_heads=2, head_dim=4, capacity=9)
+        for layer, k in enumerate(keys):
+            cache.keys[layer][:, :, :5], cache.values[layer][:, :, :5] = k, 2 * k
+        cache.length = 5
+        cache.bias[2, ..., :2] = float("-inf")  # a left-padded row keeps its padding wherever it goes
         bias = cache.bias.clone()
         cache.select(index)
         assert all(torch.equal(k[:, :, :5], e[index]) for k, e in zip(cache.keys, keys))

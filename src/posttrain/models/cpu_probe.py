@@ -178,6 +178,31 @@ def wide_decode_kernel(bf16: bool) -> str:
     return _fastest(wide_decode_seconds(), bf16 and has_bf16_units())
 
 
+PREFILL_ROWS = 128  # the rows of a prompt prefill's matmuls that the prefill probe times
+
+
+@stored_per_machine(depends_on=definitions())
+def prefill_seconds() -> dict[str, float]:
+    """Seconds per decode kernel for 128-row matmuls (:func:`_decode_kernel_seconds`): a prompt
+    prefill's width (:func:`posttrain.rollout.fast_decode.prefill` takes at most 256 rows at a time),
+    bound by the vector units. About 2 s; {} without oneDNN packing."""
+    return _decode_kernel_seconds(PREFILL_ROWS, tuple(KERNELS)) if packing_available() else {}
+
+
+def prefill_pays(kernel: str, bf16: bool) -> bool:
+    """Whether the prompts' prefill runs on ``kernel``'s copy of the weights (the first decode step's)
+    rather than through the model's own forward: where ``kernel`` measured at a prefill's width
+    (:func:`prefill_seconds`) no slower than the matmul that forward would run on: PyTorch's bf16
+    kernel under autocast when decoding in ``bf16`` on a CPU with bf16 units, else the training
+    pass's float32 one (oneDNN's or MKL's, :func:`onednn_training_pays`)."""
+    seconds = prefill_seconds()
+    if bf16 and has_bf16_units():
+        baseline = "plain bf16"
+    else:
+        baseline = "packed fp32" if onednn_training_pays() else "plain fp32"
+    return kernel in seconds and seconds[kernel] <= seconds.get(baseline, float("inf"))
+
+
 def narrow_bf16_decode_speedup() -> float:
     """How many times faster one-row decoding matmuls are on the fastest kernel when bf16 may be
     used than on the fastest float32 one here; 0 without oneDNN packing."""

@@ -9,8 +9,8 @@ that matter for RL on a CPU:
   the sequences still running;
 - on CPU, the linear layers run on weights packed once per call for oneDNN (see
   :mod:`posttrain.models.packed_linear`), 2-3x faster than the plain weights at decode shapes;
-- on CPU, Llama-family models decode with :mod:`posttrain.rollout.fast_decode` (fused
-  projections, a static KV cache, little Python per token) after the model's own prefill.
+- on CPU, Llama-family models prefill and decode with :mod:`posttrain.rollout.fast_decode` (fused
+  projections, a static KV cache, little Python per token, our own matmul kernels where faster).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from posttrain.models.cpu_probe import decode_dtype as resolve_decode_dtype
 from posttrain.models.cpu_probe import has_bf16_units
 from posttrain.models.onednn_linear import onednn_training
 from posttrain.models.packed_linear import packed_linears
-from posttrain.rollout.fast_decode import DecodeWeights, StaticCache, decode_step, supports
+from posttrain.rollout.fast_decode import DecodeWeights, StaticCache, decode_step, prefill, supports
 from posttrain.rollout.backend import Generation, SamplingParams
 from posttrain.rollout.sampling import sample_next
 
@@ -91,45 +91,41 @@ class HFBackend:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("cannot generate from an empty prompt")
         shared = shared_prefix_length(prompts)
-        cache = DynamicCache()
-        with self._prefill_precision():
-            if shared:  # the prompts' common start, prefilled once for all of them
-                self.model(input_ids=torch.tensor([prompts[0][:shared]], device=self.device), use_cache=True,
-                           logits_to_keep=1, **{self._cache_kwarg: cache})
-                cache.batch_repeat_interleave(len(prompts))
-            rests = [p[shared:] for p in prompts]
-            rest_width = max(len(r) for r in rests)
-            ids = torch.full((len(prompts), rest_width), self.pad_id, dtype=torch.long)
-            mask = torch.zeros(len(prompts), shared + rest_width, dtype=torch.long)
-            mask[:, :shared] = 1
-            for i, r in enumerate(rests):  # left padding keeps every row's next position at the end
-                ids[i, rest_width - len(r) :] = torch.tensor(r)
-                mask[i, shared + rest_width - len(r) :] = 1
-            ids, mask = ids.to(self.device), mask.to(self.device)
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
-            logits = self.model(
-                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
-                **{self._cache_kwarg: cache},
-            ).logits[:, -1]
-        width = mask.shape[1]  # the prompts' columns in the cache, shared start included
+        ids, mask = left_padded([p[shared:] for p in prompts], self.pad_id)
+        mask = torch.cat([torch.ones(len(prompts), shared, dtype=torch.long), mask], dim=1)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+        fast = self._weights
+        rows = len(prompts) * n
+        if fast is None:
+            ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
+            logits, cache = self._model_prefill(prompts[0][:shared], ids, mask, positions, n)
+        else:
+            cos, signed_sin = fast.rotary_tables(int(positions.max()) + 1 + params.max_new_tokens)
+            cache = StaticCache(fast.layers, rows, fast.kv_heads, fast.head_dim,
+                                mask.shape[1] + params.max_new_tokens, fast.cache_dtype)
+            matmuls = fast.prefill_matmuls(rows)
+            if matmuls is None:  # the model's own forward, its keys and values then moved into the decode cache
+                logits, model_cache = self._model_prefill(prompts[0][:shared], ids, mask, positions, n)
+                cache.write([layer.keys for layer in model_cache.layers],
+                            [layer.values for layer in model_cache.layers], mask.repeat_interleave(n, 0))
+            else:  # our own, straight into the decode cache
+                if shared:  # the prompts' common start, prefilled once for all of them
+                    start = torch.arange(shared).unsqueeze(0)
+                    prefill(fast, cache, torch.tensor([prompts[0][:shared]]), torch.ones_like(start), cos[start],
+                            signed_sin[start], matmuls, copies=rows)
+                logits = prefill(fast, cache, ids, mask[:, shared:], cos[positions], signed_sin[positions], matmuls,
+                                 copies=n)
         if n > 1:
-            cache.batch_repeat_interleave(n)
             logits = logits.repeat_interleave(n, 0)
             mask = mask.repeat_interleave(n, 0)
             positions = positions.repeat_interleave(n, 0)
 
-        rows = mask.shape[0]
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logps: list[list[float]] = [[] for _ in range(rows)]
         finish = ["length"] * rows
         active = torch.arange(rows, device=self.device)  # original row index of each row still in the batch
         next_pos = positions[:, -1] + 1
         eos = torch.tensor(self.eos_ids, device=self.device)
-        fast = self._weights
-        if fast is not None:  # the prompt's keys and values move into a cache with room for every new token
-            cache = StaticCache([layer.keys for layer in cache.layers], [layer.values for layer in cache.layers],
-                                mask, width + params.max_new_tokens, fast.cache_dtype)
-            cos, signed_sin = fast.rotary_tables(int(next_pos.max()) + params.max_new_tokens)
         for step in range(params.max_new_tokens):
             tok, lp = sample_next(logits, params.temperature, params.top_p, self.generator)
             done = torch.isin(tok, eos).tolist()  # host copies: one transfer each per step on a GPU
@@ -163,12 +159,30 @@ class HFBackend:
             next_pos = next_pos + 1
         return [Generation(tokens[r], logps[r], finish[r]) for r in range(rows)]  # type: ignore[arg-type]
 
+    def _model_prefill(self, shared: list[int], ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+                       n: int) -> tuple[torch.Tensor, DynamicCache]:
+        """The model's own forward over the prompts: their ``shared`` start once for all of them, then
+        the rest ``ids`` (left-padded; ``mask`` covers the start too). Returns each prompt's last logits
+        and the cache, its rows repeated for ``n`` samples each."""
+        cache = DynamicCache()
+        with self._prefill_precision():
+            if shared:
+                self.model(input_ids=torch.tensor([shared], device=self.device), use_cache=True, logits_to_keep=1,
+                           **{self._cache_kwarg: cache})
+                cache.batch_repeat_interleave(len(ids))
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                                logits_to_keep=1, **{self._cache_kwarg: cache}).logits[:, -1]
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+        return logits, cache
+
     def _prefill_precision(self):
-        """The context of the prompts' forward pass. It is compute-bound (a batch of 32 arithmetic
-        prompts is as many tokens as their completions), so on CPU it runs as the training pass
-        does: under bf16 autocast when decoding in bf16 on a CPU with bf16 units (2x faster
-        matmuls; the keys and values are widened to float32 as they enter the decode cache), else in
-        float32 on the matmul kernels the training pass uses (oneDNN where it measured faster)."""
+        """The context of the model's own forward over the prompts, where it prefills. It is
+        compute-bound (a batch of 32 arithmetic prompts is as many tokens as their completions), so
+        on CPU it runs as the training pass does: under bf16 autocast when decoding in bf16 on a CPU
+        with bf16 units (2x faster matmuls; the keys and values are widened to float32 as they enter
+        the decode cache), else in float32 on the matmul kernels the training pass uses (oneDNN where
+        it measured faster)."""
         if not self.pack_weights:
             return nullcontext()
         if self.decode_dtype == torch.bfloat16 and has_bf16_units():
@@ -180,6 +194,18 @@ class HFBackend:
         longest = max(len(s) for s in stop)
         tail = self.tokenizer.decode(tokens[-(longest + 2) :], skip_special_tokens=False)
         return any(s in tail for s in stop)
+
+
+def left_padded(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``prompts`` as token ids ``[len(prompts), longest]`` padded on the left with ``pad_id``, so that
+    every row's next token goes at the same column, and their mask (1 at the prompts' tokens)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    return ids, mask
 
 
 def surviving_rows(done: torch.Tensor) -> torch.Tensor:
