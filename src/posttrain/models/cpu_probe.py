@@ -10,8 +10,8 @@ on plain float32 weights on an Intel Xeon with AMX, whose packed kernels, bf16 i
 at one row. So the fast paths are chosen by measuring, once per machine (kept in a file, so that
 every run and its resumption choose alike: :mod:`posttrain.models.probe_cache`): the packed linear
 layer at the decoding shape of the default model (16 rows, 576 -> 1536) in both dtypes (about 50
-ms); every decode kernel at one row and at 16 rows, over more weights than a cache holds (about 1 s
-each, the first time a step of that width needs it). Kernels for training are chosen the same
+ms); every decode kernel at one row, at 16 rows and at 128 (a prompt prefill's width), over more
+weights than a cache holds (1-3 s each, the first time a step of that width needs it). Kernels for training are chosen the same
 way: the training pass's float32 matmuls run on oneDNN where it measured clearly faster than
 PyTorch's MKL path (2x on a Zen 5 AMD EPYC, whose CPUs MKL runs on a generic code path; level on a
 Zen 3 one, which keeps MKL; 0.85x on the Intel Xeon), and their weight gradients on whichever of
