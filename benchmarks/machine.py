@@ -18,7 +18,8 @@ from posttrain.models.cpu_probe import (ONEDNN_TRAINING_THRESHOLD, bf16_decode_s
                                         has_bf16_units, narrow_bf16_decode_speedup, narrow_decode_kernel,
                                         native_layer_pays, native_layer_speedup,
                                         onednn_training_pays, onednn_training_speedup, onednn_weight_grad_pays,
-                                        onednn_weight_grad_speedup, train_attention_pays, train_attention_speedup,
+                                        onednn_weight_grad_speedup, prefill_pays, train_attention_pays,
+                                        train_attention_speedup,
                                         train_elementwise_pays, train_elementwise_speedup, wide_decode_kernel)
 from posttrain.models.panel_linear import unavailable_reason
 from posttrain.models.probe_cache import cpuinfo, isa_ceilings, probe_file
@@ -61,6 +62,13 @@ def bf16_line() -> str:
     decode steps take (and why our own panel kernel cannot run, where it cannot)."""
     narrow = (f"one-row decode steps on {narrow_decode_kernel(False)} (float32), {narrow_decode_kernel(True)} (bf16), "
               f"wider ones on {wide_decode_kernel(False)} (float32), {wide_decode_kernel(True)} (bf16)")
+    def prefill(kernel: Callable[[bool], str], bf16: bool) -> str:
+        return "ours" if prefill_pays(kernel(bf16), bf16) else "the model's"
+
+    narrow += (f"; prompts prefilled by our layer loop where the step's kernel is no slower at 128 rows than the "
+               f"model's forward: one-row {prefill(narrow_decode_kernel, False)} / "
+               f"{prefill(narrow_decode_kernel, True)}, wider {prefill(wide_decode_kernel, False)} / "
+               f"{prefill(wide_decode_kernel, True)} (float32 / bf16)")
     if unavailable_reason():
         narrow += f"; no panel kernel: {unavailable_reason()}"
     if has_bf16_units():
