@@ -11,12 +11,12 @@ at one row. So the fast paths are chosen by measuring, once per machine (kept in
 every run and its resumption choose alike: :mod:`posttrain.models.probe_cache`): the packed linear
 layer at the decoding shape of the default model (16 rows, 576 -> 1536) in both dtypes (about 50
 ms); every decode kernel at one row, at 16 rows and at 128 (a prompt prefill's width), over more
-weights than a cache holds (1-3 s each, the first time a step of that width needs it). Kernels for training are chosen the same
-way: the training pass's float32 matmuls run on oneDNN where it measured clearly faster than
-PyTorch's MKL path (2x on a Zen 5 AMD EPYC, whose CPUs MKL runs on a generic code path; level on a
-Zen 3 one, which keeps MKL; 0.85x on the Intel Xeon), and their weight gradients on whichever of
-the two measured faster at that product (MKL on a Zen 4 AMD EPYC, where oneDNN copies a transposed
-operand first).
+weights than a cache holds (1-3 s each, the first time a step of that width needs it). Kernels for
+training are chosen the same way: the training pass's float32 matmuls run on oneDNN where it
+measured clearly faster than PyTorch's MKL path (2x on a Zen 5 AMD EPYC, whose CPUs MKL runs on a
+generic code path; level on a Zen 3 one, which keeps MKL; 0.85x on the Intel Xeon), and their weight
+gradients on whichever of the two measured faster at that product (MKL on a Zen 4 AMD EPYC, where
+oneDNN copies a transposed operand first).
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ PREFILL_ROWS = 128  # the rows of a prompt prefill's matmuls that the prefill pr
 @stored_per_machine(depends_on=definitions())
 def prefill_seconds() -> dict[str, float]:
     """Seconds per decode kernel for 128-row matmuls (:func:`_decode_kernel_seconds`): a prompt
-    prefill's width (:func:`posttrain.rollout.fast_decode.prefill` takes at most 256 rows at a time),
+    prefill's width (:func:`posttrain.rollout.fast_decode.prefill` takes at most 512 rows a pass),
     bound by the vector units. About 2 s; {} without oneDNN packing."""
     return _decode_kernel_seconds(PREFILL_ROWS, tuple(KERNELS)) if packing_available() else {}
 

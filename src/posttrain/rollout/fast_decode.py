@@ -197,8 +197,7 @@ class DecodeWeights:
         """The copy of the weights that prompts decoded ``rows`` rows at a time prefill on (the first
         decode step's), or None where the model's own forward prefills faster
         (:func:`~posttrain.models.cpu_probe.prefill_pays`)."""
-        kernel = self.kernel(rows)
-        return self.copy(kernel, rows) if prefill_pays(kernel, self.dtype == torch.bfloat16) else None
+        return self.matmuls(rows) if prefill_pays(self.kernel(rows), self.dtype == torch.bfloat16) else None
 
     def copy(self, kernel: str, rows: int) -> Matmuls:
         """The weights in the layout and precision of ``kernel`` (packed for ``rows`` rows), made once."""
