@@ -13,12 +13,13 @@ import platform
 from collections.abc import Callable
 from types import ModuleType
 
-from posttrain.models import decode_layer, train_attention, train_elementwise
+from posttrain.models import decode_layer, sample_tokens, train_attention, train_elementwise
 from posttrain.models.cpu_probe import (ONEDNN_TRAINING_THRESHOLD, bf16_decode_speedup, bf16_training_speedup, cpu_flags,
                                         has_bf16_units, narrow_bf16_decode_speedup, narrow_decode_kernel,
                                         native_layer_pays, native_layer_speedup,
                                         onednn_training_pays, onednn_training_speedup, onednn_weight_grad_pays,
-                                        onednn_weight_grad_speedup, prefill_pays, train_attention_pays,
+                                        onednn_weight_grad_speedup, prefill_pays, sampler_pays, sampler_speedup,
+                                        train_attention_pays,
                                         train_attention_speedup,
                                         train_elementwise_pays, train_elementwise_speedup, wide_decode_kernel)
 from posttrain.models.panel_linear import unavailable_reason
@@ -49,7 +50,7 @@ def describe() -> str:
     ceilings = f" (capped by {ceilings})" if ceilings else ""
     return (f"machine: {model}, {os.cpu_count()} cores, flags {' '.join(flags) or 'none of ' + '/'.join(FLAGS)}"
             f"{ceilings}; "
-            f"{bf16_line()}; {layer_line()}; {attention_line()}; {elementwise_line()}; "
+            f"{bf16_line()}; {layer_line()}; {sampler_line()}; {attention_line()}; {elementwise_line()}; "
             f"fp32 training matmuls on {'oneDNN' if onednn_training_pays() else 'MKL'} (oneDNN vs MKL "
             f"{onednn_training_speedup():.2f}x, oneDNN from {ONEDNN_TRAINING_THRESHOLD}x), their weight gradients on "
             f"{'oneDNN' if onednn_weight_grad_pays() else 'MKL'} (oneDNN vs MKL {onednn_weight_grad_speedup():.2f}x); "
@@ -90,6 +91,11 @@ def layer_line() -> str:
     """What decode steps run a layer's work besides its matmuls on."""
     return kernel_line("decode layers' non-matmul work", decode_layer, native_layer_pays, native_layer_speedup,
                        "PyTorch's operations")
+
+
+def sampler_line() -> str:
+    """What draws the next tokens from float32 logits (without top-p)."""
+    return kernel_line("token draws", sample_tokens, sampler_pays, sampler_speedup, "PyTorch's operations")
 
 
 def attention_line() -> str:

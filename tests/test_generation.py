@@ -67,9 +67,21 @@ def test_many_samples_need_temperature(tiny_model, tokenizer):
         HFBackend(tiny_model, tokenizer).generate(prompt_ids(tokenizer), SamplingParams(temperature=0), num_samples=2)
 
 
-def test_sampler_draws_tokens_in_proportion_to_their_probability():
-    from posttrain.rollout.sampling import sample_next
+@pytest.fixture(params=["our kernel", "PyTorch's operations"])
+def sample_next(request, monkeypatch):
+    """sampling.sample_next, drawing on our kernel or on PyTorch's operations (as where the probe finds the
+    kernel slower, or it cannot be built)."""
+    from posttrain.models import sample_tokens
+    from posttrain.rollout import sampling
 
+    ours = request.param == "our kernel"
+    if ours and sample_tokens.unavailable_reason() is not None:
+        pytest.skip(f"the sampling kernel cannot run here: {sample_tokens.unavailable_reason()}")
+    monkeypatch.setattr(sampling, "sampler_pays", lambda: ours)
+    return sampling.sample_next
+
+
+def test_sampler_draws_tokens_in_proportion_to_their_probability(sample_next):
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
     logits = torch.log(probs).repeat(40_000, 1)
     tokens, logps = sample_next(logits, 1.0, 1.0, torch.Generator().manual_seed(0))
@@ -83,8 +95,8 @@ def test_sampler_draws_tokens_in_proportion_to_their_probability():
     assert torch.allclose(logps, torch.log(probs)[tokens])
 
 
-def test_sampler_finds_tokens_across_blocks_of_its_cumulative_distribution():
-    from posttrain.rollout.sampling import CDF_BLOCK, sample_next
+def test_sampler_finds_tokens_across_blocks_of_its_cumulative_distribution(sample_next):
+    from posttrain.rollout.sampling import CDF_BLOCK
 
     vocab = 2 * CDF_BLOCK + 276  # a last block that is only partly the vocabulary
     probs = torch.zeros(vocab)
@@ -101,6 +113,35 @@ def test_sampler_finds_tokens_across_blocks_of_its_cumulative_distribution():
     flat = probs.sqrt() / probs.sqrt().sum()
     assert torch.allclose(torch.bincount(tokens, minlength=vocab).float() / 20_000, flat, atol=0.015)
     assert torch.allclose(logps, torch.log(flat)[tokens], atol=1e-6)
+
+
+def test_sampling_kernel_draws_what_pytorchs_operations_draw():
+    # The same uniform draws pick the same tokens (a model's logits: a 49k vocabulary, a few temperatures),
+    # with the same log-probabilities up to float32 rounding.
+    from posttrain.models import sample_tokens
+    from posttrain.rollout.sampling import sample_with_torch
+
+    if sample_tokens.unavailable_reason() is not None:
+        pytest.skip(f"the sampling kernel cannot run here: {sample_tokens.unavailable_reason()}")
+    logits = 4 * torch.randn(256, 49152, generator=torch.Generator().manual_seed(0))
+    for temperature in (1.0, 0.6, 1.7):
+        torch_tokens, torch_logps = sample_with_torch(logits, temperature, 1.0, torch.Generator().manual_seed(3))
+        uniform = torch.rand((256, 1), generator=torch.Generator().manual_seed(3), dtype=torch.float64).squeeze(1)
+        tokens, logps = sample_tokens.draw(logits, temperature, uniform)
+        assert torch.equal(tokens, torch_tokens)
+        assert torch.allclose(logps, torch_logps, atol=1e-5, rtol=0)
+
+
+def test_sampler_survives_logits_that_are_not_numbers(sample_next):
+    # A diverged model's NaN or infinite logits: every row still gets a token of the vocabulary, and the
+    # log-probability says the row is broken; the other rows draw as before.
+    logits = torch.full((5, 1000), float("-inf"))
+    logits[:, :2] = torch.tensor(0.5).log()
+    logits[1, 500], logits[2, 997], logits[3] = float("nan"), float("inf"), float("-inf")
+    tokens, logps = sample_next(logits, 1.0, 1.0, torch.Generator().manual_seed(0))
+    assert ((0 <= tokens) & (tokens < 1000)).all()
+    assert logps[1:4].isnan().all()
+    assert set(tokens[[0, 4]].tolist()) <= {0, 1} and torch.allclose(logps[[0, 4]], torch.tensor(0.5).log())
 
 
 def test_packed_linears_compute_the_same_logits_and_restore_the_model(tiny_model, tokenizer):

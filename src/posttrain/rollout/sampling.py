@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from posttrain.models import sample_tokens
+from posttrain.models.cpu_probe import sampler_pays
+
 
 def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Set to -inf every logit outside the smallest set whose probability reaches ``top_p``
@@ -29,17 +32,29 @@ def sample_next(
     Sampling inverts each row's cumulative distribution at one uniform draw, in float64, so rounding
     cannot move mass between tokens; a token with probability 0 is never chosen. That takes one
     random number per row, where torch.multinomial or the Gumbel-max trick need work per vocabulary
-    entry: 4 ms instead of 18 ms for 16 rows of a 49k vocabulary on CPU. The distribution is
-    cumulated in two levels: over blocks of :data:`CDF_BLOCK` entries, then within the block the
-    draw falls in, instead of over the whole vocabulary, which took a float64 copy of it and a
-    sequential cumulative sum (32 rows of a 49k vocabulary on a Zen 4 EPYC: 2.8 ms a draw, 4.5 before).
-    The log-probability is under the temperature-scaled distribution (before top-p truncation),
-    which is what the trainer recomputes.
+    entry: 4 ms instead of 18 ms for 16 rows of a 49k vocabulary on CPU. The log-probability is under
+    the temperature-scaled distribution (before top-p truncation), which is what the trainer recomputes.
+    Without top-p, float32 logits on the CPU are drawn from on our kernel (:mod:`posttrain.models.sample_tokens`)
+    where it measured faster; the same draw picks the same token there (but where rounding differs at the
+    edge of two entries).
     """
     logits = logits.float()
     if temperature == 0:
         tokens = logits.argmax(-1)
         return tokens, torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
+    if top_p >= 1.0 and sample_tokens.supports(logits) and sampler_pays():
+        uniform = torch.rand((logits.shape[0], 1), generator=generator, dtype=torch.float64)
+        return sample_tokens.draw(logits, temperature, uniform.squeeze(1))
+    return sample_with_torch(logits, temperature, top_p, generator)
+
+
+def sample_with_torch(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sample_next` on PyTorch's operations, for float ``logits`` and ``temperature`` > 0, on any device.
+    The distribution is cumulated in two levels: over blocks of :data:`CDF_BLOCK` entries, then within the
+    block the draw falls in, instead of over the whole vocabulary, which took a float64 copy of it and a
+    sequential cumulative sum (32 rows of a 49k vocabulary on a Zen 4 EPYC: 2.8 ms a draw, 4.5 before)."""
     logp = torch.log_softmax(logits if temperature == 1 else logits / temperature, dim=-1)
     rows, vocab = logp.shape
     blocks = -(-vocab // CDF_BLOCK)
