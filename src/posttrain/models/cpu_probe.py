@@ -269,7 +269,7 @@ def sampler_speedup() -> float:
     """How many times faster our kernel (:mod:`posttrain.models.sample_tokens`) draws the next tokens than
     :func:`posttrain.rollout.sampling.sample_with_torch` here, for 1 and for 32 rows of the default model's
     49k vocabulary at temperature 1 (the two times summed, in turns); 0 where the kernel cannot be built.
-    On a Zen 4 EPYC: about 4x."""
+    On a Zen 4 EPYC: 3.3-3.8x."""
     from posttrain.rollout.sampling import sample_with_torch  # here: the rollout imports this module
 
     if sample_tokens.unavailable_reason() is not None:
