@@ -43,8 +43,8 @@ def sample_next(
         tokens = logits.argmax(-1)
         return tokens, torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
     if top_p >= 1.0 and sample_tokens.supports(logits) and sampler_pays():
-        uniform = torch.rand((logits.shape[0], 1), generator=generator, dtype=torch.float64)
-        return sample_tokens.draw(logits, temperature, uniform.squeeze(1))
+        uniform = torch.rand(logits.shape[0], generator=generator, dtype=torch.float64)  # sample_with_torch's draws
+        return sample_tokens.draw(logits, temperature, uniform)
     return sample_with_torch(logits, temperature, top_p, generator)
 
 
