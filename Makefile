@@ -5,7 +5,7 @@
 VENV ?= .venv
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test test-fast test-vllm reproduce
+.PHONY: setup demo test test-fast test-vllm reproduce perf-targets
 
 $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	VENV=$(VENV) bash scripts/setup.sh
@@ -19,9 +19,14 @@ test: setup
 	$(VENV)/bin/python -m pytest -q -ra --durations=20
 
 # Every training claim of the README on seeds 0, 1 and 2: claimed vs measured. Several hours on 2 cores;
-# `python benchmarks/reproduce.py --claims demo` alone takes about 5 min on a Zen 4 EPYC with bf16 units.
+# `python benchmarks/reproduce.py --claims demo` alone takes about 7 min on a Zen 4 EPYC with bf16 units.
 reproduce: setup
 	$(VENV)/bin/python benchmarks/reproduce.py
+
+# The performance targets on this machine (benchmarks/targets.py): every benchmark alone, one after another,
+# then one table of target, measured, holds. vLLM is measured where .venv-vllm exists (make test-vllm).
+perf-targets: setup
+	$(VENV)/bin/python benchmarks/targets.py
 
 test-fast: setup
 	$(VENV)/bin/python -m pytest -q -m "not slow"

@@ -11,6 +11,7 @@ configuration is benchmarks/grpo_vs_trl.py's posttrain contender. Each warm step
 optimiser state again, as the cold one did, so that cost is not counted as one-time.
 
     python benchmarks/first_step.py [--configs full-b0,lora-b0] [--repeats 3] [--seed 1]
+                                    [--out benchmarks/results/first_step.json]
 
 Run it alone: on a 2-core machine any other process distorts the timings.
 """
@@ -18,12 +19,16 @@ Run it alone: on a 2-core machine any other process distorts the timings.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 from grpo_vs_trl import parse_config, posttrain_config
 from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def measure(config: str, repeats: int, seed: int) -> dict:
@@ -59,6 +64,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="warm repetitions of the step")
     # Seed 0's first step scores every sample alike and skips the update; seed 1's updates.
     parser.add_argument("--seed", type=int, default=1, help="the run's seed (one whose first step updates)")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "first_step.json"))
     args = parser.parse_args()
     from rich.console import Console
     from rich.table import Table
@@ -66,12 +72,16 @@ def main() -> None:
     table = Table(title=f"posttrain's first GRPO step, cold and warm on the same work (median of {args.repeats} warm)")
     for col in ("config", "completion tokens", "optimiser steps", "first step s", "same step warm s", "one-time s"):
         table.add_column(col, justify="left" if col == "config" else "right")
+    results = {}
     for config in args.configs.split(","):
         parse_config(config)
-        r = measure(config, args.repeats, args.seed)
+        r = results[config] = measure(config, args.repeats, args.seed)
         table.add_row(config, f"{r['tokens']:.0f}", f"{r['updates']:.0f}", f"{r['cold']:.2f}", f"{r['warm']:.2f}",
                       f"{r['cold'] - r['warm']:+.2f}")
     Console().print(table)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"repeats": args.repeats, "seed": args.seed, "configs": results}, indent=2))
+    Console().print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
