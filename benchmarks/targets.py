@@ -7,7 +7,7 @@ output, then judges the JSON each one wrote and prints one table: target, measur
 
     python benchmarks/targets.py [--only generation,grpo_vs_trl,mfu,first_step,demo] [--judge-only]
                                  [--results benchmarks/results]
-    make perf-targets            # about 40 min on a 2-core Zen 4 EPYC
+    make perf-targets            # 35 min on a 2-core Zen 4 EPYC
 
 ``--judge-only`` judges the JSON already in ``--results`` without running anything. vLLM is measured
 where ``.venv-vllm`` exists (``make test-vllm`` installs it); elsewhere that target reads "not measured".
