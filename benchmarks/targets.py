@@ -9,7 +9,8 @@ output, then judges the JSON each one wrote and prints one table: target, measur
                                  [--results benchmarks/results]
     make perf-targets            # 35 min on a 2-core Zen 4 EPYC
 
-``--judge-only`` judges the JSON already in ``--results`` without running anything. vLLM is measured
+``--judge-only`` judges the JSON already in ``--results`` without running anything; with ``--only``, the
+benchmarks left out are judged from the JSON an earlier run left there. vLLM is measured
 where ``.venv-vllm`` exists (``make test-vllm`` installs it); elsewhere that target reads "not measured".
 Sampling and the demo are judged in the dtype ``rollout.decode_dtype: auto`` decodes in on this machine
 (bf16 where the CPU decodes it faster, else float32), the one a user gets.
@@ -150,10 +151,14 @@ def judge(results: Path) -> list[Verdict]:
     verdicts = []
     for name, (filename, rule) in JUDGES.items():
         path = results / filename
-        if path.is_file():
-            verdicts += rule(json.loads(path.read_text()))
-        else:
+        if not path.is_file():
             verdicts.append(Verdict(f"the targets `{name}` measures", f"not measured ({path} missing)", None))
+            continue
+        try:
+            verdicts += rule(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError) as e:  # a truncated file, or one an older script wrote
+            verdicts.append(Verdict(f"the targets `{name}` measures",
+                                    f"not measured ({path} unreadable: {type(e).__name__} {e})", None))
     return verdicts
 
 
@@ -174,9 +179,9 @@ def main() -> None:
     unknown = [name for name in chosen if name not in JUDGES]
     if unknown:
         parser.error(f"unknown benchmark {unknown[0]!r}; expected some of {', '.join(JUDGES)}")
-    args.results.mkdir(parents=True, exist_ok=True)
     failed = []
     if not args.judge_only:
+        args.results.mkdir(parents=True, exist_ok=True)
         for name, argv in commands(args.results).items():
             if name not in chosen:
                 continue

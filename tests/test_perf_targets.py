@@ -92,3 +92,9 @@ def test_what_did_not_run_is_not_measured_never_passed(tmp_path):
     assert _one(verdicts, "the targets `mfu` measures") is None
     assert "| - |" in targets.table(targets.judge(tmp_path))
 
+
+
+def test_an_unreadable_result_is_named_not_judged(tmp_path):
+    (tmp_path / "mfu.json").write_text('{"matmul_peak_flops": 2.2e11, "sha')  # cut off mid-write
+    [verdict] = [v for v in targets.judge(tmp_path) if "`mfu`" in v.target]
+    assert verdict.holds is None and "mfu.json unreadable" in verdict.measured
