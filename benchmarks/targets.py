@@ -46,6 +46,8 @@ DEMO_SEEDS = (0, 1, 2)
 
 @dataclass(frozen=True)
 class Verdict:
+    """One line of the table: a target, what was measured against it, and whether it holds."""
+
     target: str
     measured: str
     holds: bool | None  # None: not measured
@@ -175,6 +177,7 @@ def main() -> None:
     parser.add_argument("--judge-only", action="store_true", help="judge the JSON in --results; run nothing")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
+    args.results = args.results.resolve()  # the benchmarks run in the repository root, wherever this was started
     chosen = args.only.split(",")
     unknown = [name for name in chosen if name not in JUDGES]
     if unknown:
