@@ -6,12 +6,13 @@ another in its own process (on 2 cores any other process distorts the timings), 
 output, then judges the JSON each one wrote and prints one table: target, measured, holds.
 
     python benchmarks/targets.py [--only generation,grpo_vs_trl,mfu,first_step,demo] [--judge-only]
-                                 [--results benchmarks/results]
+                                 [--no-vllm] [--results benchmarks/results]
     make perf-targets            # 35 min on a 2-core Zen 4 EPYC
 
 ``--judge-only`` judges the JSON already in ``--results`` without running anything; with ``--only``, the
 benchmarks left out are judged from the JSON an earlier run left there. vLLM is measured
-where ``.venv-vllm`` exists (``make test-vllm`` installs it); elsewhere that target reads "not measured".
+where ``.venv-vllm`` exists (``make test-vllm`` installs it) unless ``--no-vllm``; elsewhere that target
+reads "not measured".
 Sampling and the demo are judged in the dtype ``rollout.decode_dtype: auto`` decodes in on this machine
 (bf16 where the CPU decodes it faster, else float32), the one a user gets.
 """
@@ -53,10 +54,10 @@ class Verdict:
     holds: bool | None  # None: not measured
 
 
-def commands(results: Path) -> dict[str, list[str]]:
+def commands(results: Path, with_vllm: bool = True) -> dict[str, list[str]]:
     """Each benchmark's command line, as the README gives it, writing its JSON into ``results``."""
     py = sys.executable
-    vllm = VLLM_PYTHON.exists()
+    vllm = with_vllm and VLLM_PYTHON.exists()
     return {
         "generation": [str(VLLM_PYTHON) if vllm else py, "benchmarks/generation.py", "--repeats", "3",
                        *(["--vllm-dtype", "bfloat16"] if vllm else ["--no-vllm"]),
@@ -175,6 +176,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default=",".join(JUDGES), help=f"comma-separated, of {', '.join(JUDGES)}")
     parser.add_argument("--judge-only", action="store_true", help="judge the JSON in --results; run nothing")
+    parser.add_argument("--no-vllm", action="store_true", help="leave vLLM out even where .venv-vllm exists")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
     args.results = args.results.resolve()  # the benchmarks run in the repository root, wherever this was started
@@ -185,7 +187,7 @@ def main() -> None:
     failed = []
     if not args.judge_only:
         args.results.mkdir(parents=True, exist_ok=True)
-        for name, argv in commands(args.results).items():
+        for name, argv in commands(args.results, with_vllm=not args.no_vllm).items():
             if name not in chosen:
                 continue
             print(f"\n=== {name}: {' '.join(argv)}", flush=True)
