@@ -54,21 +54,25 @@ class Verdict:
     holds: bool | None  # None: not measured
 
 
+def result_file(results: Path, name: str) -> Path:
+    """Where benchmark ``name`` writes its JSON, and where its judge reads it."""
+    return results / f"{name}.json"
+
+
 def commands(results: Path, with_vllm: bool = True) -> dict[str, list[str]]:
     """Each benchmark's command line, as the README gives it, writing its JSON into ``results``."""
     py = sys.executable
     vllm = with_vllm and VLLM_PYTHON.exists()
-    return {
+    argv = {
         "generation": [str(VLLM_PYTHON) if vllm else py, "benchmarks/generation.py", "--repeats", "3",
-                       *(["--vllm-dtype", "bfloat16"] if vllm else ["--no-vllm"]),
-                       "--out", str(results / "generation.json")],
+                       *(["--vllm-dtype", "bfloat16"] if vllm else ["--no-vllm"])],
         "grpo_vs_trl": [py, "benchmarks/grpo_vs_trl.py", "--steps", "7", "--repeats", "2",
-                        "--configs", "full-b0,lora-b0", "--out", str(results / "grpo_vs_trl.json")],
-        "mfu": [py, "benchmarks/mfu.py", "--repeats", "3", "--out", str(results / "mfu.json")],
-        "first_step": [py, "benchmarks/first_step.py", "--out", str(results / "first_step.json")],
-        "demo": [py, "benchmarks/reproduce.py", "--claims", "demo", "--seeds", *map(str, DEMO_SEEDS),
-                 "--out", str(results / "demo.json")],
+                        "--configs", "full-b0,lora-b0"],
+        "mfu": [py, "benchmarks/mfu.py", "--repeats", "3"],
+        "first_step": [py, "benchmarks/first_step.py"],
+        "demo": [py, "benchmarks/reproduce.py", "--claims", "demo", "--seeds", *map(str, DEMO_SEEDS)],
     }
+    return {name: [*args, "--out", str(result_file(results, name))] for name, args in argv.items()}
 
 
 def _grpo(data: dict) -> list[Verdict]:
@@ -145,16 +149,15 @@ def _demo(rows: list[dict]) -> list[Verdict]:
                     min(r["gain"] for r in ordered) >= DEMO_GAIN and minutes <= DEMO_MINUTES)]
 
 
-JUDGES = {"grpo_vs_trl": ("grpo_vs_trl.json", _grpo), "generation": ("generation.json", _generation),
-          "mfu": ("mfu.json", _mfu), "first_step": ("first_step.json", _first_step), "demo": ("demo.json", _demo)}
+JUDGES = {"grpo_vs_trl": _grpo, "generation": _generation, "mfu": _mfu, "first_step": _first_step, "demo": _demo}
 
 
 def judge(results: Path) -> list[Verdict]:
     """One verdict per target, from the JSON the benchmarks wrote into ``results`` ("not measured" where a
     file is missing)."""
     verdicts = []
-    for name, (filename, rule) in JUDGES.items():
-        path = results / filename
+    for name, rule in JUDGES.items():
+        path = result_file(results, name)
         if not path.is_file():
             verdicts.append(Verdict(f"the targets `{name}` measures", f"not measured ({path} missing)", None))
             continue
@@ -194,7 +197,7 @@ def main() -> None:
             print(f"\n=== {name}: {' '.join(argv)}", flush=True)
             if subprocess.run(argv, cwd=ROOT).returncode != 0:
                 failed.append(name)
-                (args.results / JUDGES[name][0]).unlink(missing_ok=True)  # no stale figures judged as this run's
+                result_file(args.results, name).unlink(missing_ok=True)  # no stale figures judged as this run's
     print()
     print(describe())
     print(table(judge(args.results)))
