@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from posttrain.models.logprobs import policy_forward
 from posttrain.models import cpu_probe
-from posttrain.models.onednn_linear import OneDNNLinear, active, onednn_training, weight_grad
+from posttrain.models.onednn_linear import OneDNNLinear, active, onednn_training, onednn_weight_grad, weight_grad
 from posttrain.models.packed_linear import packing_available
 
 pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN linear op")
@@ -30,12 +30,15 @@ def test_onednn_linear_matches_f_linear_values_and_gradients(bias):
 
 
 @pytest.mark.parametrize("onednn", [False, True])
-def test_weight_gradient_is_the_same_product_on_either_kernel(monkeypatch, onednn):
-    """The weight gradient takes oneDNN or MKL by a per-machine measurement; both give dY^T x."""
+@pytest.mark.parametrize("width", [24, 130])
+def test_weight_gradient_is_the_same_product_on_either_kernel(monkeypatch, onednn, width):
+    """The weight gradient takes oneDNN or MKL by a per-machine measurement (thin products always MKL);
+    both give dY^T x."""
     monkeypatch.setattr(cpu_probe, "onednn_weight_grad_pays", lambda: onednn)
     g = torch.Generator().manual_seed(2)
-    grad, rows = torch.randn(50, 40, generator=g), torch.randn(50, 24, generator=g)
+    grad, rows = torch.randn(50, 40, generator=g), torch.randn(50, width, generator=g)
     assert torch.allclose(weight_grad(grad, rows), (grad.T.double() @ rows.double()).float(), atol=1e-4)
+    assert torch.allclose(onednn_weight_grad(grad, rows), (grad.T.double() @ rows.double()).float(), atol=1e-4)
     assert cpu_probe.onednn_weight_grad_speedup() > 0  # the measurement runs on this torch
 
 

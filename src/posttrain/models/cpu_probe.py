@@ -15,8 +15,8 @@ weights than a cache holds (1-3 s each, the first time a step of that width need
 training are chosen the same way: the training pass's float32 matmuls run on oneDNN where it
 measured clearly faster than PyTorch's MKL path (2x on a Zen 5 AMD EPYC, whose CPUs MKL runs on a
 generic code path; level on a Zen 3 one, which keeps MKL; 0.85x on the Intel Xeon), and their weight
-gradients on whichever of the two measured faster at that product (MKL on a Zen 4 AMD EPYC, where
-oneDNN copies a transposed operand first).
+gradients on whichever of the two measured faster at those products (oneDNN on a Zen 4 AMD EPYC since
+our kernel copies its transposed operand; MKL before, when PyTorch's copy did).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import torch
 
-from posttrain.models import decode_layer, native, sample_tokens, train_attention, train_elementwise
+from posttrain.models import decode_layer, native, sample_tokens, train_attention, train_elementwise, transpose
 from posttrain.models.allocator import keep_freed_memory
 from posttrain.models.decode_kernels import FP32_KERNELS, KERNELS, definitions
 from posttrain.models.packed_linear import _pack, _packed_linear, packing_available
@@ -420,30 +420,36 @@ def onednn_training_pays() -> bool:
     return onednn_training_speedup() >= ONEDNN_TRAINING_THRESHOLD
 
 
-@stored_per_machine
+@stored_per_machine(depends_on=native.source_text(transpose.SOURCE))
 def onednn_weight_grad_speedup() -> float:
-    """How many times faster oneDNN's linear op computes float32 weight gradients ``dY^T x`` (its
-    first operand a transposed view, which it copies) than MKL's sgemm (which reads it in place)
-    here, at the default model's MLP shapes (512 rows, 576 <-> 1536) and a slice of its LM head's
-    (512 rows, 8192 of the 49152 outputs); 0 when this torch has no oneDNN linear op. Timed in
-    turns, median of the ratios of the summed times, as :func:`onednn_training_speedup`."""
-    from posttrain.models.onednn_linear import matmul_nt
+    """How many times faster oneDNN's linear op computes float32 weight gradients ``dY^T x`` (after our
+    kernel transposes ``dY``: :func:`~posttrain.models.onednn_linear.onednn_weight_grad`) than MKL's sgemm
+    (which reads ``dY`` transposed in place) here, at a training pass's shapes: the default model's MLP
+    (1024 rows, 576 <-> 1536), each of 4 layers its own tensors, as in a pass (an MKL product whose operands
+    sit in the cache ran 15-25% faster on a Zen 4 EPYC than in the pass, oneDNN's 5%), and a slice of its LM
+    head's (512 rows, 8192 of the 49152 outputs); 0 when this torch has no oneDNN linear op. Timed in turns,
+    median of the ratios of the summed times, as :func:`onednn_training_speedup`. On a Zen 4 EPYC: 1.02-1.22x
+    (0.94x when PyTorch copied ``dY^T``)."""
+    from posttrain.models.onednn_linear import onednn_weight_grad
 
     if not packing_available():
         return 0.0
-    rows = 512
-    pairs = [(torch.randn(rows, out), torch.randn(rows, inp)) for out, inp in ((1536, 576), (576, 1536), (8192, 576))]
+    keep_freed_memory()  # as in training: else both pay page faults for their results
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(1024, out, inp) for _layer in range(4) for out, inp in ((1536, 576), (1536, 576), (576, 1536))]
+    pairs = [(torch.randn(rows, out, generator=generator), torch.randn(rows, inp, generator=generator))
+             for rows, out, inp in [*shapes, (512, 8192, 576)]]
 
     def seconds(onednn: bool) -> float:
         start = time.perf_counter()
         for grad, x in pairs:
-            matmul_nt(grad.t(), x.t()) if onednn else torch.mm(grad.t(), x)
+            onednn_weight_grad(grad, x) if onednn else torch.mm(grad.t(), x)
         return time.perf_counter() - start
 
     try:
         with torch.autocast("cpu", enabled=False):
             seconds(False), seconds(True)
-            return statistics.median(seconds(False) / seconds(True) for _ in range(9))
+            return statistics.median(seconds(False) / seconds(True) for _ in range(7))
     except RuntimeError:
         return 0.0
 

@@ -1,5 +1,5 @@
 """Our C kernels (``panel_gemm.c``, ``panel_dot.c``, ``decode_layer.c``, ``sample_tokens.c``,
-``train_attention.c``, ``train_elementwise.c``), compiled on first use with the system's C compiler.
+``train_attention.c``, ``train_elementwise.c``, ``transpose.c``), compiled on first use with the system's C compiler.
 
 Each source is compiled once per machine into the posttrain cache directory (next to the CPU
 probe's file: :func:`posttrain.models.probe_cache.cache_dir`) with ``$CC`` or ``cc``, ``-O3 -mavx2

@@ -8,13 +8,18 @@ decoding uses, here on the plain weights) reached 380-440 GFLOP/s for the forwar
 gradient and 270-330 for the weight gradient. On Intel CPUs MKL is fast, so the path is chosen by
 a measurement (:func:`posttrain.models.cpu_probe.onednn_training_speedup`) and used only where it wins.
 
-The weight gradient ``dY^T x`` contracts over the rows, the leading dimension of both operands, and
-oneDNN's linear op copies a transposed first operand into a contiguous one (PyTorch's strided copy
-ran at 3-4 GB/s on a Zen 4 EPYC: 1.2 ms of an 11 ms product at 1024 x 1536 x 576, 78 ms of the LM
-head's 240 ms for a 512-row chunk), while MKL's sgemm reads it transposed in place. So the weight
-gradient takes whichever of the two measured faster at such shapes
-(:func:`posttrain.models.cpu_probe.onednn_weight_grad_speedup`): MKL on that EPYC, where alone it
-was 1.2x faster at the MLP's up-projection, level at its down-projection and 1.3x faster at the head.
+The weight gradient ``dY^T x`` contracts over the rows, the leading dimension of both operands.
+oneDNN's linear op reads its second operand in any layout (it reorders it, as it does a weight), so
+``x`` is passed as the view ``x^T``, but its first operand must be contiguous: ``dY^T`` is copied, on
+our transpose kernel (:mod:`posttrain.models.transpose`; PyTorch's strided copy ran at 2.5-4 GB/s on a
+Zen 4 EPYC, 78 ms of the LM head's 240 ms for a 512-row chunk), while MKL's sgemm reads it in place. So
+the weight gradient takes whichever of the two measured faster at a pass's shapes
+(:func:`posttrain.models.cpu_probe.onednn_weight_grad_speedup`). On that EPYC, in the pass of
+``benchmarks/mfu.py``'s GRPO shape (the two in turns in one process), oneDNN's weight gradients, the copy
+included, took 1.59 s a step against MKL's 1.65 in a quiet hour (no shape slower; the down-projection
+14% faster, the LM head 7%) and 1.71 against 1.83-2.13 in a busy one, where MKL's products slowed most.
+Thin products (a LoRA adapter's ``B``, whose ``x`` is ``r`` wide) stay on MKL: the copy would cost more
+than the product.
 
 The arithmetic is float32 in both libraries (oneDNN's default math mode); only the order of the
 sums differs, as between any two matmul kernels. Under autocast, and for other dtypes or
@@ -33,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from posttrain.models.transpose import transposed
+
 _active: ContextVar[bool] = ContextVar("posttrain_onednn_training", default=False)
 
 
@@ -41,14 +48,24 @@ def matmul_nt(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None
     return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
 
 
+# A weight gradient goes to oneDNN only where ``rows`` is at least this wide: its product costs ``width`` times
+# the copy of ``grad`` (a LoRA adapter's B, 16 wide, stays on MKL).
+MIN_ONEDNN_WIDTH = 128
+
+
 def weight_grad(grad: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """``grad.T @ rows`` (a linear layer's weight gradient) for 2-D float32 CPU tensors, on oneDNN or
     MKL, whichever measured faster at such products on this CPU (see the module docstring)."""
     from posttrain.models import cpu_probe
 
-    if cpu_probe.onednn_weight_grad_pays():
-        return matmul_nt(grad.t(), rows.t())
+    if rows.shape[1] >= MIN_ONEDNN_WIDTH and cpu_probe.onednn_weight_grad_pays():
+        return onednn_weight_grad(grad, rows)
     return torch.mm(grad.t(), rows)
+
+
+def onednn_weight_grad(grad: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``grad.T @ rows`` on oneDNN: ``grad`` transposed by our kernel, ``rows`` read as the view ``rows.T``."""
+    return matmul_nt(transposed(grad), rows.t())
 
 
 class OneDNNLinear(torch.autograd.Function):

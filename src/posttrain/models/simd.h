@@ -1,5 +1,5 @@
 /* Helpers shared by our C kernels (decode_layer.c, panel_gemm.c, panel_dot.c, sample_tokens.c, train_attention.c,
- * train_elementwise.c): bf16 rounding, and vector helpers in AVX2 and FMA. */
+ * train_elementwise.c, transpose.c): bf16 rounding, and vector helpers in AVX2 and FMA. */
 #pragma once
 #include <immintrin.h>
 #include <stdint.h>
