@@ -34,3 +34,14 @@ def test_other_tensors_take_pytorchs_copy():
         assert torch.equal(transposed(view), view.t())
     with pytest.raises(RuntimeError):
         transposed(torch.zeros(2, 2, 2))
+
+
+@needs_kernel
+def test_scratch_results_share_one_buffer_grown_to_the_largest():
+    """Weight gradients transpose into one reused buffer: each result exact, the buffer grown only when needed."""
+    g = torch.Generator().manual_seed(1)
+    big, small = torch.randn(300, 70, generator=g), torch.randn(40, 33, generator=g)
+    first = transposed(big, scratch=True)
+    assert torch.equal(first, big.t())
+    second = transposed(small, scratch=True)
+    assert torch.equal(second, small.t()) and second.data_ptr() == first.data_ptr()

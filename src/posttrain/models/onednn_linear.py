@@ -11,15 +11,15 @@ a measurement (:func:`posttrain.models.cpu_probe.onednn_training_speedup`) and u
 The weight gradient ``dY^T x`` contracts over the rows, the leading dimension of both operands.
 oneDNN's linear op reads its second operand in any layout (it reorders it, as it does a weight), so
 ``x`` is passed as the view ``x^T``, but its first operand must be contiguous: ``dY^T`` is copied, on
-our transpose kernel (:mod:`posttrain.models.transpose`; PyTorch's strided copy ran at 2.5-4 GB/s on a
-Zen 4 EPYC, 78 ms of the LM head's 240 ms for a 512-row chunk), while MKL's sgemm reads it in place. So
-the weight gradient takes whichever of the two measured faster at a pass's shapes
+our transpose kernel (:mod:`posttrain.models.transpose`, into a buffer reused from layer to layer; PyTorch's
+strided copy ran at 2.5-4 GB/s on a Zen 4 EPYC), while MKL's sgemm reads it in place. So a layer's weight
+gradient takes whichever of the two measured faster at a pass's shapes
 (:func:`posttrain.models.cpu_probe.onednn_weight_grad_speedup`). On that EPYC, in the pass of
-``benchmarks/mfu.py``'s GRPO shape (the two in turns in one process), oneDNN's weight gradients, the copy
-included, took 1.59 s a step against MKL's 1.65 in a quiet hour (no shape slower; the down-projection
-14% faster, the LM head 7%) and 1.71 against 1.83-2.13 in a busy one, where MKL's products slowed most.
-Thin products (a LoRA adapter's ``B``, whose ``x`` is ``r`` wide) stay on MKL: the copy would cost more
-than the product.
+``benchmarks/mfu.py``'s GRPO shape (the two in turns in one process), the layers' weight gradients took
+1.345 s a step on either in a quiet hour and 1.71 against 1.83-2.13 (with the LM head's) in busy ones, where
+MKL's products slowed most. Thin products (a LoRA adapter's ``B``, whose ``x`` is ``r`` wide) stay on MKL:
+the copy would cost more than the product. The LM head's weight gradient stays on MKL everywhere
+(:mod:`posttrain.models.logprobs`): its transposed gradient would be a second ``[rows, vocab]`` block.
 
 The arithmetic is float32 in both libraries (oneDNN's default math mode); only the order of the
 sums differs, as between any two matmul kernels. Under autocast, and for other dtypes or
@@ -64,8 +64,9 @@ def weight_grad(grad: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
 
 def onednn_weight_grad(grad: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``grad.T @ rows`` on oneDNN: ``grad`` transposed by our kernel, ``rows`` read as the view ``rows.T``."""
-    return matmul_nt(transposed(grad), rows.t())
+    """``grad.T @ rows`` on oneDNN: ``grad`` transposed by our kernel into its reused buffer, ``rows`` read as the
+    view ``rows.T``."""
+    return matmul_nt(transposed(grad, scratch=True), rows.t())
 
 
 class OneDNNLinear(torch.autograd.Function):
