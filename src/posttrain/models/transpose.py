@@ -29,8 +29,7 @@ def transposed(x: torch.Tensor, scratch: bool = False) -> torch.Tensor:
     """``x.T`` as a contiguous tensor, for a 2-D tensor; on the kernel for float32 CPU tensors whose rows are
     contiguous (a view of every ``k``-th row, or of some columns, too). ``scratch``: written into this thread's
     buffer, kept from call to call and grown to the largest matrix, so the result is valid only until the next
-    such call (a training pass's weight gradients each use theirs at once: a fresh block each would leave holes
-    in the heap that raised a GRPO step's peak by 180 MB on a Zen 4 EPYC)."""
+    such call (a training pass's weight gradients each use theirs at once, and need no block of their own)."""
     if (x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.stride(1) != 1
             or unavailable_reason() is not None):
         return x.t().contiguous()
