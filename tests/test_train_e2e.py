@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,8 @@ def test_train_two_steps_writes_checkpoint_metrics_and_events(tmp_path, extra):
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "run"
     assert "before" in proc.stdout and "after" in proc.stdout
+    name = yaml.safe_load(config.read_text())["model"]["name"]
+    assert re.search(rf"posttrain: {name} on \S+, 2 steps in [\d.]+ min\n", proc.stdout), proc.stdout  # one line
 
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["split"] == "train"]

@@ -154,9 +154,16 @@ def _progress_hook(progress, train_text):
     return hook
 
 
+def _result_table(title: str, result) -> Table:
+    """An empty table titled with the run and its length, at least as wide as that title: rich wraps a title at
+    the table's width, and a two-column table would break it across lines."""
+    heading = f"{title}, {result.steps} steps in {result.seconds / 60:.1f} min"
+    return Table(title=heading, min_width=len(heading))
+
+
 def _print_result(title: str, result) -> None:
     """Held-out accuracy before and after a training run, and where the run lives."""
-    table = Table(title=f"{title}, {result.steps} steps in {result.seconds / 60:.1f} min")
+    table = _result_table(title, result)
     table.add_column("held-out")
     table.add_column("accuracy", justify="right")
     table.add_column("mean reward", justify="right")
@@ -169,7 +176,7 @@ def _print_result(title: str, result) -> None:
 
 def _print_games_result(title: str, result) -> None:
     """Held-out games against each evaluation opponent before and after a multi-agent run."""
-    table = Table(title=f"{title}, {result.steps} steps in {result.seconds / 60:.1f} min")
+    table = _result_table(title, result)
     for column in ("held-out", "opponent", "win", "draw", "loss", "payoff", "invalid moves"):
         table.add_column(column, justify="left" if column in ("held-out", "opponent") else "right")
     for name, metrics in (("before", result.before), ("after", result.after)):
