@@ -12,7 +12,7 @@ import pytest
 
 from posttrain.data.store import TrajectoryStore
 from posttrain.eval.plots import Series, line_chart, nice_ticks
-from posttrain.eval.report import render_report
+from posttrain.eval.report import charts_html, render_report
 from posttrain.config import load_config
 from posttrain.eval.run_data import load_run
 from posttrain.train import Trainer
@@ -76,6 +76,7 @@ def test_report_opens_offline_with_plots_tables_and_a_trajectory(browser, tiny_r
     titles = page.locator(".chart-title").all_text_contents()
     for title in ("Reward", "Success", "KL to the reference", "Entropy", "Length", "Throughput"):
         assert title in titles
+    assert "Turns" not in titles  # a single-turn run: one turn an episode says nothing
     rows = page.locator("#eval-table tbody tr")
     assert [r.split("\t")[0] for r in rows.all_inner_texts()] == ["0", "1", "2"]
     assert page.locator("#difficulty-table th").all_inner_texts() == ["step", "level 1", "level 2"]
@@ -149,6 +150,13 @@ def test_killed_run_partial_metrics_line_is_skipped_and_counted(tiny_run, tmp_pa
     steps = [t.step for t in run.trajectories]  # the trainer records each stored trajectory's step
     assert steps == [1] * 8 + [2] * 8
     assert "1 unreadable lines skipped" in render_report(run, tokenizer=None)
+
+
+def test_turns_chart_only_where_an_episode_took_more_than_one_turn(tiny_run):
+    run = load_run(tiny_run)
+    assert "Turns" not in charts_html(run)
+    run.train[-1]["turns_mean"] = 2.5
+    assert "Turns" in charts_html(run)
 
 
 def test_line_chart_ticks_and_empty_series():

@@ -26,7 +26,7 @@ from posttrain.eval.viewer_data import asset, load_tokenizer_for, script_json, v
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data: 'self' file:"
 
 # (chart title, y label, [(split, metric, legend label)]); a chart none of whose metrics was
-# logged is left out.
+# logged is left out, and so is Turns in a single-turn run (every point 1).
 CHARTS: list[tuple[str, str, list[tuple[str, str, str]]]] = [
     ("Reward", "mean reward", [("train", "reward_mean", "train"), ("eval", "reward_mean", "held-out")]),
     ("Success", "share solved", [("train", "accuracy", "train"), ("eval", "accuracy", "held-out")]),
@@ -54,6 +54,8 @@ def charts_html(run: RunData) -> str:
     charts = []
     for title, y_label, metrics in CHARTS:
         series = [_series(run, *m) for m in metrics]
+        if title == "Turns" and all(y == 1.0 for s in series for _, y in s.points):
+            continue
         if any(s.points for s in series):
             charts.append(line_chart(title, series, y_label))
     return "".join(charts) or "<p>No metrics were logged.</p>"
