@@ -59,10 +59,12 @@ def test_chunked_gradient_matches_full(tiny_model, monkeypatch, keep_probs_bytes
     tiny_model.zero_grad()
 
 
-def grouped_batch():
-    """Two prompts of different lengths, three right-padded completions each."""
+def grouped_batch(shared_start: int = 0):
+    """Two prompts of different lengths, three right-padded completions each; the prompts begin with the
+    same ``shared_start`` tokens (a chat template's system turn)."""
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, 49152, (5,), generator=g), torch.randint(0, 49152, (8,), generator=g)]
+    start = torch.randint(0, 49152, (shared_start,), generator=g)
+    prompts = [torch.cat([start, torch.randint(0, 49152, (n,), generator=g)]) for n in (5, 8)]
     rows, plens = [], []
     for p in prompts:
         for n in (4, 1, 6):
@@ -115,18 +117,52 @@ def test_packing_shares_each_prompt_once_and_keeps_every_token_where_its_row_say
     # A completion sees its prompt (not another prompt's padding) and its own earlier tokens only.
     first_q = packed.owner.tolist().index(1)  # the first completion of q, which is shorter than p
     assert packed.completion_mask[first_q, 0, 0].tolist() == [True, True, False, True, False, False]
+    assert packed.start.shape == (1, 0) and packed.prompt_mask is None  # under 8 tokens in common: none shared
     with pytest.raises(ValueError, match="prompt length"):
         pack([[1, 2]], [3])
 
 
-def test_packed_forward_equals_separate_forwards(tiny_model):
-    """On the policy's attention a batch runs as one packed sequence, each prompt once; values and
-    gradients equal those of a plain padded forward of every row."""
+def test_packing_shares_the_start_every_prompt_has_in_common_once():
+    """Prompts that begin alike (a system turn) share one copy of that start; each row still reads its own
+    tokens, at its own positions, and each token sees exactly what it would in its row's own forward."""
+    from posttrain.models.packing import SHARED_START_MIN_TOKENS, pack
+
+    system = list(range(100, 100 + SHARED_START_MIN_TOKENS + 2))
+    p, q = system + [7, 8], system + [5]
+    rows = [p + [1, 2], p + [3], q + [4, 4, 4], q + [2]]
+    packed = pack(rows, [len(p), len(p), len(q), len(q)])
+    flat = packed.ids[0].tolist()
+    assert len(flat) == len(system) + 2 + 2 + 1 + 1 + 3 + 1 and flat.count(100) == 1
+    assert packed.start.tolist() == [list(range(len(system)))]
+    for i, row in enumerate(rows):
+        assert [flat[j] for j in packed.source[i, : len(row)]] == row
+        assert packed.positions[0, packed.source[i, : len(row)]].tolist() == list(range(len(row)))
+    # Every token's keys, as packed indices: the tokens before it in its row, and itself.
+    def seen(keys, mask):
+        return sorted(k for k, visible in zip(keys.tolist(), mask.tolist()) if visible)
+
+    for u, prompt in enumerate(packed.prompts.tolist()):
+        for j, at in enumerate(prompt[: (len(p), len(q))[u] - len(system)]):
+            row = packed.source[(0, 2)[u]].tolist()
+            assert seen(packed.prompt_keys[u], packed.prompt_mask[u, 0, j]) == row[: row.index(at) + 1]
+    for m, completion in enumerate(packed.completions.tolist()):
+        row = packed.source[m].tolist()
+        for j, at in enumerate(completion[: len(rows[m]) - (len(p), len(p), len(q), len(q))[m]]):
+            assert seen(packed.completion_keys[m], packed.completion_mask[m, 0, j]) == row[: row.index(at) + 1]
+    # Too short a common start, or a single prompt, shares nothing beyond the prompt itself.
+    assert pack([system[:7] + [1, 2], system[:7] + [3, 4]], [9, 9]).start.shape == (1, 0)
+    assert pack([p + [1], p + [2]], [len(p), len(p)]).start.shape == (1, 0)
+
+
+@pytest.mark.parametrize("shared_start", [0, 9])
+def test_packed_forward_equals_separate_forwards(tiny_model, shared_start):
+    """On the policy's attention a batch runs as one packed sequence, each prompt once (and the start the
+    prompts share once); values and gradients equal those of a plain padded forward of every row."""
     import copy
 
     from posttrain.models.attention import use_posttrain_attention
 
-    ids, mask, completion, plens = grouped_batch()
+    ids, mask, completion, plens = grouped_batch(shared_start)
     packed_model = copy.deepcopy(tiny_model)
     use_posttrain_attention(packed_model)
     results = []
@@ -143,14 +179,15 @@ def test_packed_forward_equals_separate_forwards(tiny_model):
             torch.testing.assert_close(g, g_ref, rtol=1e-4, atol=5e-5)
 
 
-def test_packed_pass_scores_prompt_tokens_too_and_rejects_left_padding(tiny_model):
+@pytest.mark.parametrize("shared_start", [0, 9])
+def test_packed_pass_scores_prompt_tokens_too_and_rejects_left_padding(tiny_model, shared_start):
     """Rows sharing a prompt give every position, prompt tokens included, the log-probability of a
     plain forward; a left-padded batch is refused with a message rather than read wrongly."""
     import copy
 
     from posttrain.models.attention import use_posttrain_attention
 
-    ids, mask, _, plens = grouped_batch()
+    ids, mask, _, plens = grouped_batch(shared_start)
     packed_model = copy.deepcopy(tiny_model)
     use_posttrain_attention(packed_model)
     with torch.no_grad():

@@ -11,10 +11,11 @@ devices the inputs keep their dtype.
 
 Packed batches: the training pass runs a batch as one packed sequence
 (:mod:`posttrain.models.packing`) and passes its layout as the ``packed`` keyword, which
-transformers hands through every layer to this function. Then the prompts attend causally among
-themselves, as a batch, and the completions, as a second batch, to their prompt's keys followed by
-their own. The function is registered with transformers' attention interface (with the SDPA mask
-builder, so padding is masked as before); a float32 pass without ``packed`` computes what plain
+transformers hands through every layer to this function. Then the start all prompts share (if any)
+attends causally to itself, the prompts, as a batch, causally to that start's keys followed by their
+own, and the completions, as a third batch, to their whole prompt's keys followed by their own. The
+function is registered with transformers' attention interface (with the SDPA mask builder, so padding
+is masked as before); a float32 pass without ``packed`` computes what plain
 SDPA does (see :func:`posttrain_sdpa`). A packed batch's attention runs on our own kernels
 (:mod:`posttrain.models.train_attention`) where they measured faster than SDPA, as on a Zen 4 EPYC.
 """
@@ -99,11 +100,15 @@ def _segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed
                                                  dropout_p=dropout, scale=scaling, enable_gqa=True)
         return out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3])
 
+    def attend_keys(queries: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return attend(gather(q, queries), gather(k, keys), gather(v, keys), mask)
+
     parts = []
-    if packed.prompts.shape[1]:  # prompts: causal, padding at the end where no real token sees it
-        parts.append(attend(*(gather(x, packed.prompts) for x in (q, k, v))))
-    parts.append(attend(gather(q, packed.completions), gather(k, packed.completion_keys),
-                        gather(v, packed.completion_keys), packed.completion_mask))
+    if packed.start.shape[1]:  # the start every prompt shares: causal
+        parts.append(attend_keys(packed.start, packed.start, None))
+    if packed.prompts.shape[1]:  # prompts: causal after the shared start; no real token sees the padding at the end
+        parts.append(attend_keys(packed.prompts, packed.prompt_keys, packed.prompt_mask))
+    parts.append(attend_keys(packed.completions, packed.completion_keys, packed.completion_mask))
     return torch.cat(parts).index_select(0, packed.order).unsqueeze(0)
 
 
