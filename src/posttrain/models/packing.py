@@ -32,6 +32,7 @@ whose keys are their prompt's tokens (the start's among them) followed by their 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -79,16 +80,23 @@ class Packed:
                          for name in self.__dataclass_fields__})
 
 
-def shared_start(prompts: list[tuple[int, ...]]) -> int:
-    """How many leading tokens every one of ``prompts`` (distinct) shares, keeping at least one token of
-    each its own; 0 for fewer than two prompts or under :data:`SHARED_START_MIN_TOKENS` shared tokens."""
-    if len(prompts) < 2:
+def common_start(prompts: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens every one of ``prompts`` shares, keeping at least one token of each its own
+    (0 for none)."""
+    if not prompts:
         return 0
     shortest = min(len(p) for p in prompts)
     first = prompts[0]
     n = 0
     while n < shortest - 1 and all(p[n] == first[n] for p in prompts):
         n += 1
+    return n
+
+
+def shared_start(prompts: list[tuple[int, ...]]) -> int:
+    """The :func:`common_start` of ``prompts`` (distinct) that the packing shares: 0 for fewer than two
+    prompts or under :data:`SHARED_START_MIN_TOKENS` tokens."""
+    n = common_start(prompts) if len(prompts) >= 2 else 0
     return n if n >= SHARED_START_MIN_TOKENS else 0
 
 

@@ -25,6 +25,7 @@ from posttrain.models.cpu_probe import decode_dtype as resolve_decode_dtype
 from posttrain.models.cpu_probe import has_bf16_units
 from posttrain.models.onednn_linear import onednn_training
 from posttrain.models.packed_linear import packed_linears
+from posttrain.models.packing import common_start
 from posttrain.rollout.fast_decode import DecodeWeights, StaticCache, decode_step, prefill, supports
 from posttrain.rollout.backend import Generation, SamplingParams
 from posttrain.rollout.sampling import sample_next
@@ -231,13 +232,7 @@ def shared_prefix_length(prompts: list[list[int]]) -> int:
     prefill; 0 (no shared prefill) for fewer than 3 prompts or under 8 shared tokens, below which
     the extra forward call would save little (a judgement, not measured). 32 arithmetic prompts
     share 27 of their 38-40 tokens: the prefill then runs on 443 tokens instead of 1280."""
-    if len(prompts) < SHARED_PREFIX_MIN_PROMPTS:
-        return 0
-    shortest = min(len(p) for p in prompts)
-    first = prompts[0]
-    n = 0
-    while n < shortest - 1 and all(p[n] == first[n] for p in prompts):
-        n += 1
+    n = common_start(prompts) if len(prompts) >= SHARED_PREFIX_MIN_PROMPTS else 0
     return n if n >= SHARED_PREFIX_MIN_TOKENS else 0
 
 
