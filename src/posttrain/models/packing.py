@@ -141,6 +141,7 @@ def pack(rows: list[list[int]], prompt_lengths: list[int] | None = None) -> Pack
     for u, (prompt, members) in enumerate(groups.items()):
         p = len(prompt)
         own_at.append(list(range(len(ids), len(ids) + p - start)))
+        prompt_at = [*range(start), *own_at[u]]  # the whole prompt's packed indices, the shared start's first
         ids.extend(prompt[start:])
         positions.extend(range(start, p))
         for i in members:
@@ -150,7 +151,7 @@ def pack(rows: list[list[int]], prompt_lengths: list[int] | None = None) -> Pack
             owner.append(u)
             ids.extend(completion)
             positions.extend(range(p, p + len(completion)))
-            source[i, : p + len(completion)] = torch.tensor(list(range(start)) + own_at[u] + at, dtype=torch.long)
+            source[i, : p + len(completion)] = torch.tensor(prompt_at + at, dtype=torch.long)
     s_width = max((len(a) for a in own_at), default=0)
     c_width = max((len(a) for a in member_at), default=0)
     own_lens = torch.tensor([len(a) for a in own_at], dtype=torch.long)
