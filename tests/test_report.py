@@ -83,6 +83,11 @@ def test_report_opens_offline_with_plots_tables_and_a_trajectory(browser, tiny_r
 
     # The first training episode is shown: its turn and its tokens, sampled ones marked as trained on.
     assert page.locator("#episode-list tbody tr").count() == 16  # 2 steps x 2 tasks x 4 samples
+    task_lines = page.locator("#episode-list tbody tr td.mono").first.evaluate(
+        "cell => { const r = document.createRange(); r.selectNodeContents(cell); return r.getClientRects().length; }")
+    assert task_lines == 1, f"a task id wraps over {task_lines} lines"
+    scroll, shown = page.locator(".episodes").evaluate("e => [e.scrollWidth, e.clientWidth]")
+    assert scroll <= shown  # every column of the list in view, none behind a horizontal scroll
     detail = page.locator("#episode-detail")
     assert detail.is_visible() and "step 1, training" in detail.locator("h3").first.inner_text()
     assert detail.locator(".turn").count() == 1 and detail.locator(".turn pre.action").is_visible()
