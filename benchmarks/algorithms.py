@@ -19,13 +19,12 @@ import time
 from pathlib import Path
 
 import torch
-from rich.console import Console
 from rich.table import Table
 
 from posttrain.config import ALGORITHM_PRESETS, load_config
 from posttrain.train import Trainer
 
-from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = ["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo"]
@@ -88,7 +87,7 @@ def main() -> None:
     for r in rows:
         table.add_row(r["algorithm"], str(r["samples"]), f"{r['after']:.0%}", f"{100 * (r['after'] - base):+.0f}",
                       f"{r['seconds'] / 60:.1f}")
-    Console().print(table)
+    console().print(table)
     print(f"wrote {out}")
 
 

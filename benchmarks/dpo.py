@@ -23,14 +23,13 @@ import time
 from pathlib import Path
 
 import torch
-from rich.console import Console
 from rich.table import Table
 
 from posttrain.config import load_config
 from posttrain.data import TrajectoryStore
 from posttrain.train.offline import OfflineTrainer
 
-from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,8 +133,8 @@ def main() -> None:
     for name, t in times.items():
         table.add_row(name, f"{median[name]:.2f}", " ".join(f"{x:.1f}" for x in t),
                       f"{median[name] / median['posttrain']:.2f}x")
-    Console().print(table)
-    Console().print(f"posttrain reference log-probs, once for {n_pairs} pairs: {reference_seconds:.1f} s "
+    console().print(table)
+    console().print(f"posttrain reference log-probs, once for {n_pairs} pairs: {reference_seconds:.1f} s "
                     f"({reference_seconds / total:.2f} s per step amortised over {total} steps)")
     result = {"batch_pairs": args.batch, "steps": args.steps, "mean_agent_tokens_per_pair": agent_tokens,
               "median_seconds": median, "seconds": times, "posttrain_reference_seconds": reference_seconds,
@@ -144,7 +143,7 @@ def main() -> None:
               "load_average": load, "threads": torch.get_num_threads()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
-    Console().print(f"wrote {args.out}")
+    console().print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from grpo_vs_trl import parse_config, posttrain_config
-from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,6 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help="the run's seed (one whose first step updates)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "first_step.json"))
     args = parser.parse_args()
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"posttrain's first GRPO step, cold and warm on the same work (median of {args.repeats} warm)")
@@ -78,10 +77,10 @@ def main() -> None:
         r = results[config] = measure(config, args.repeats, args.seed)
         table.add_row(config, f"{r['tokens']:.0f}", f"{r['updates']:.0f}", f"{r['cold']:.2f}", f"{r['warm']:.2f}",
                       f"{r['cold'] - r['warm']:+.2f}")
-    Console().print(table)
+    console().print(table)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"repeats": args.repeats, "seed": args.seed, "configs": results}, indent=2))
-    Console().print(f"wrote {args.out}")
+    console().print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from posttrain.models import load_model, load_tokenizer
 from posttrain.rollout import HFBackend, SamplingParams
 from posttrain.rollout.episodes import encode_prompt
 
-from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
@@ -68,7 +68,6 @@ def main() -> None:
     parser.add_argument("--no-vllm", action="store_true", help="leave vLLM out even where it is installed")
     parser.add_argument("--vllm-dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
-    from rich.console import Console
     from rich.table import Table
 
     torch.manual_seed(0)
@@ -142,10 +141,10 @@ def main() -> None:
             result["shapes"][shape]["bf16_speedup"] = median["posttrain bf16"] / base
         table.add_row(shape, *(f"{median[n]:.0f}" for n in names),
                       *(f"{median[n] / base:.2f}x" for n in names[:1] + names[2:]))
-    Console().print(table)
+    console().print(table)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
-    Console().print(f"wrote {args.out}")
+    console().print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
@@ -197,7 +197,6 @@ def main() -> None:
         return child(args.child, args.configs, args.steps, args.peer_allocator)
     if args.steps < 2:
         raise SystemExit("--steps must be at least 2: the first step of each run is a warm-up")
-    from rich.console import Console
     from rich.table import Table
 
     configs = args.configs.split(",")
@@ -236,10 +235,10 @@ def main() -> None:
             table.add_row(config, name, f"{s['median_seconds']:.2f}", f"{s['median_tokens_per_second']:.0f}",
                           f"{s['peak_rss_mb']:.0f}", f"{s['mean_reward']:.2f}", f"{s['late_reward']:.2f}",
                           f"{speedup:.2f}x" if name == "posttrain" else "")
-    Console().print(table)
+    console().print(table)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
-    Console().print(f"wrote {args.out}")
+    console().print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

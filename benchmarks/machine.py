@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from collections.abc import Callable
 from types import ModuleType
+
+from rich.console import Console
 
 from posttrain.models import decode_layer, sample_tokens, train_attention, train_elementwise
 from posttrain.models.cpu_probe import (ONEDNN_TRAINING_THRESHOLD, bf16_decode_speedup, bf16_training_speedup, cpu_flags,
@@ -24,6 +27,15 @@ from posttrain.models.cpu_probe import (ONEDNN_TRAINING_THRESHOLD, bf16_decode_s
                                         train_elementwise_pays, train_elementwise_speedup, wide_decode_kernel)
 from posttrain.models.panel_linear import unavailable_reason
 from posttrain.models.probe_cache import cpuinfo, isa_ceilings, probe_file
+
+LOG_WIDTH = 160
+
+
+def console() -> Console:
+    """rich's console for a benchmark's tables: the terminal's width in a terminal; in a log (``targets.py``,
+    ``| tee``), 160 columns, where rich would take 80 and wrap a table's long first column over many lines."""
+    return Console(width=None if sys.stdout.isatty() else LOG_WIDTH)
+
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 

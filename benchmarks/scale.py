@@ -29,10 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
-from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
@@ -156,7 +155,7 @@ def main() -> None:
         rows += async_part(args.model, args.steps, scratch)
     if "dp" in parts:
         rows += dp_part(args.model, args.steps, scratch)
-    console = Console()
+    screen = console()
     table = Table(title="scale-out (medians)")
     for col in ("part", "setting", "figure"):
         table.add_column(col)
@@ -167,8 +166,8 @@ def main() -> None:
             table.add_row("rollouts", f"{r['model']}, async_steps {r['async_steps']}", f"{r['step_seconds']:.2f} s/step")
         else:
             table.add_row("data parallel", f"{r['model']}, {r['processes']} process(es)", f"{r['step_seconds']:.2f} s/step")
-    console.print(table)
-    console.print(describe())
+    screen.print(table)
+    screen.print(describe())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"machine": describe(), "rows": rows}, indent=2))
 

@@ -32,12 +32,13 @@ import threading
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from posttrain.envs.web import MiniWoBEnv, WebShopEnv
 from posttrain.envs.web.browser import browser_memory_mb
 from posttrain.envs.web.experts import MiniWoBExpert, ShopExpert
+
+from machine import console  # benchmarks/machine.py: tables unwrapped in a log
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("click-test", "click-test-2", "click-button", "click-link", "enter-text", "focus-text", "login-user")
@@ -191,7 +192,7 @@ def main() -> None:
     parser.add_argument("--envs", default="miniwob,web_shop,miniwob-selenium")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/web.json"))
     args = parser.parse_args()
-    console = Console()
+    screen = console()
     if "miniwob-selenium" in args.envs.split(",") and not shutil.which("chromedriver"):
         parser.error("the miniwob-selenium row needs chromedriver (apt-get install chromium-driver); "
                      "or leave it out: --envs miniwob,web_shop")
@@ -202,7 +203,7 @@ def main() -> None:
             runs = [throughput(kind, workers, args.episodes) for _ in range(args.repeats)]
             best = sorted(runs, key=lambda r: r["steps_per_s"])[len(runs) // 2]  # the median run
             rows.append({**best, "steps_per_s_runs": [r["steps_per_s"] for r in runs]})
-            console.print(f"{kind} x{workers}: {best['steps_per_s']:.1f} steps/s")
+            screen.print(f"{kind} x{workers}: {best['steps_per_s']:.1f} steps/s")
     mem = [memory(args.memory_episodes, args.recycle), memory(args.memory_episodes, 10**9)]
     load_after = os.getloadavg()[0]
 
@@ -214,7 +215,7 @@ def main() -> None:
         table.add_row(r["env"], str(r["workers"]), f"{r['solved']}/{r['episodes']}", f"{r['steps_per_s']:.1f}",
                       f"{r['episodes_per_s']:.2f}", f"{r['reset_median_s'] * 1000:.0f} ms",
                       f"{r['step_median_s'] * 1000:.0f} ms")
-    console.print(table)
+    screen.print(table)
     mtable = Table(title=f"Chromium resident memory over {args.memory_episodes} MiniWoB episodes")
     for col in ("recycle every", "launches", "peak RSS", "peak PSS", "RSS, first 10 episodes", "RSS, last 10"):
         mtable.add_column(col)
@@ -222,11 +223,11 @@ def main() -> None:
         mtable.add_row("never" if m["recycle_every"] >= 10**9 else str(m["recycle_every"]), str(m["launches"]),
                        f"{m['peak_rss_mb']:.0f} MB", f"{m['peak_pss_mb']:.0f} MB", f"{m['first_10_rss_mb']:.0f} MB",
                        f"{m['last_10_rss_mb']:.0f} MB")
-    console.print(mtable)
+    screen.print(mtable)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"throughput": rows, "memory": mem, "load_before": load_before,
                                           "load_after": load_after}, indent=2))
-    console.print(f"wrote {args.out}")
+    screen.print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
