@@ -3,8 +3,6 @@ float32 passes are unchanged, bf16 inputs are attended to in float32, and paddin
 packed training pass's attention on our own kernels computes what SDPA computes."""
 
 import json
-import platform
-import shutil
 
 import pytest
 import torch
@@ -14,10 +12,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from posttrain.config import ModelSection
 from posttrain.models import load_model, load_tokenizer, token_logprobs
 from posttrain.models import attention as attention_module
-from posttrain.models import train_attention
+from posttrain.models import native, train_attention
 from posttrain.models.attention import NAME, posttrain_sdpa, use_posttrain_attention
 from posttrain.models.logprobs import policy_forward
-from posttrain.models.probe_cache import cpu_flags
 from posttrain.models.policy import Policy
 
 
@@ -157,8 +154,8 @@ def test_training_attention_says_what_is_wrong_with_a_mask():
 
 def test_training_attention_kernels_build_wherever_they_can_run():
     """Not a silent fallback: on an x86-64 CPU with AVX2/FMA and a C compiler, a broken build fails here."""
-    if platform.machine() != "x86_64" or not {"avx2", "fma"} <= cpu_flags() or shutil.which("cc") is None:
-        pytest.skip("the kernels need x86-64 with AVX2/FMA and a C compiler")
+    if native.cannot_build():
+        pytest.skip(native.cannot_build())
     assert train_attention.unavailable_reason() is None
 
 

@@ -1,6 +1,5 @@
 """Every decode kernel computes the same matmul, and each decode step runs on the kernel chosen for it."""
 
-import platform
 import re
 import shutil
 
@@ -8,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posttrain.models import decode_layer, native, panel_dot, panel_linear
+from posttrain.models import decode_layer, native, panel_dot, panel_linear, transpose
 from posttrain.models.cpu_probe import narrow_decode_kernel, narrow_decode_seconds, wide_decode_kernel
 from posttrain.models.decode_kernels import FP32_KERNELS, KERNELS
 from posttrain.models.probe_cache import cpu_flags, hardware_flags
@@ -68,15 +67,10 @@ def test_float32_kernels_prefill_and_decode_the_models_own_logits_at_one_row(tin
     assert weights.kernel(NARROW_ROWS + 1) == wide_decode_kernel(False)
 
 
-def _can_build_panel_kernel() -> bool:
-    return (platform.machine() == "x86_64" and {"avx2", "fma"} <= cpu_flags()
-            and shutil.which("cc") is not None)
-
-
 def test_panel_kernel_builds_wherever_it_can_run():
     """Not a silent fallback: on an x86-64 CPU with AVX2 and a C compiler, a broken build fails here."""
-    if not _can_build_panel_kernel():
-        pytest.skip("the panel kernel needs x86-64 with AVX2/FMA and a C compiler")
+    if native.cannot_build():
+        pytest.skip(native.cannot_build())
     assert panel_linear.unavailable_reason() is None
 
 
@@ -89,8 +83,8 @@ NO_AVX512F = (r"(the CPU has no avx512f"
 
 def test_panel_kernels_avx512_build_builds_wherever_the_cpu_has_avx512():
     """Not a silent fallback: where the CPU reports AVX-512, a broken build of it fails here."""
-    if not _can_build_panel_kernel():
-        pytest.skip("our kernels need x86-64 with AVX2/FMA and a C compiler")
+    if native.cannot_build():
+        pytest.skip(native.cannot_build())
     if "avx512f" in cpu_flags():
         assert panel_linear.AVX512.unavailable_reason() is None
     else:
@@ -189,8 +183,8 @@ def test_dot_packing_lays_out_pytorchs_rounding_and_packs_parts_as_their_concate
 
 def test_dot_kernel_builds_wherever_the_cpu_has_avx512_bf16():
     """Not a silent fallback: where the CPU reports the instructions it uses, a broken build fails here."""
-    if not _can_build_panel_kernel():
-        pytest.skip("our kernels need x86-64 with AVX2/FMA and a C compiler")
+    if native.cannot_build():
+        pytest.skip(native.cannot_build())
     if {"avx512f", "avx512bw", "avx512_bf16"} <= cpu_flags():
         assert panel_dot.unavailable_reason() is None
     else:
@@ -204,7 +198,7 @@ def test_a_kernel_that_needs_cpu_flags_is_not_loaded_where_they_are_missing(monk
     monkeypatch.setattr(native, "hardware_flags", lambda: hardware_flags() - {"avx512_bf16"})
     kernels = native.Kernels(panel_dot.SOURCE, "bf16 dot-product matmul kernel", {}, needs=("avx512_bf16",))
     reason = kernels.unavailable_reason()
-    assert reason is not None and ("avx512_bf16" in reason or not _can_build_panel_kernel())
+    assert reason is not None and ("avx512_bf16" in reason or native.cannot_build())
 
 
 @pytest.mark.parametrize("outputs,inputs", [(1, 1), (17, 37), (50, 64), (33, 575)])
@@ -238,7 +232,7 @@ def test_a_failed_panel_build_says_why_and_the_other_kernels_serve(monkeypatch, 
     panel_linear.AVX2.forget()
     try:
         reason = panel_linear.unavailable_reason()
-        if not _can_build_panel_kernel():
+        if native.cannot_build():
             assert reason
             return
         assert reason.startswith("false could not build panel_gemm.c")
@@ -248,10 +242,52 @@ def test_a_failed_panel_build_says_why_and_the_other_kernels_serve(monkeypatch, 
         panel_linear.AVX2.forget()
 
 
+@pytest.mark.parametrize("machine", ["aarch64", "arm64"])
+def test_on_a_cpu_that_is_not_x86_nothing_is_built_and_each_kernel_says_why(monkeypatch, tmp_path, machine):
+    """An ARM server or laptop: no compiler runs, and PyTorch's paths serve with the reason at hand."""
+    monkeypatch.setattr(native.platform, "machine", lambda: machine)
+    monkeypatch.setenv("POSTTRAIN_CACHE_DIR", str(tmp_path))
+    kernels = native.Kernels(panel_linear.AVX2.source, "panel matmul kernel", {})
+    assert native.cannot_build() == kernels.unavailable_reason() == f"not an x86-64 CPU ({machine})"
+    with pytest.raises(RuntimeError, match=r"panel matmul kernel \(panel_gemm.c\) cannot run here: not an x86-64"):
+        kernels.loaded()
+    assert list(tmp_path.iterdir()) == []  # nothing compiled
+
+
+def _tools_dir(tmp_path, names) -> str:
+    """A directory holding links to these programs only, for a PATH without the others."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in names:
+        (tools / name).symlink_to(shutil.which(name))
+    return str(tools)
+
+
+def test_the_compiler_is_cc_or_gcc_or_CC_and_without_one_the_kernels_say_so(monkeypatch, tmp_path):
+    """The checks that fail a broken build (the tests above) count the compiler a build would use."""
+    if native.cannot_build():
+        pytest.skip(native.cannot_build())
+    if not all(shutil.which(tool) for tool in ("gcc", "as", "ld")):
+        pytest.skip("needs gcc and binutils on PATH")
+    gcc_only = _tools_dir(tmp_path, ("gcc", "as", "ld"))  # gcc and its assembler and linker, no cc
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("POSTTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert native.cannot_build() == "no C compiler (cc, gcc or $CC)"
+    monkeypatch.setenv("PATH", gcc_only)
+    assert native.cannot_build() is None
+    assert native.Kernels(transpose.SOURCE, "transpose kernel", {}).unavailable_reason() is None
+    monkeypatch.setenv("CC", "false")
+    assert native.cannot_build() is None  # $CC is what a build uses, and a failing one is a fault (test above)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    reason = native.Kernels(transpose.SOURCE, "transpose kernel", {}).unavailable_reason()
+    assert reason == f"the C compiler {tmp_path / 'no-such-cc'} could not be run: No such file or directory"
+
+
 def test_decode_layer_kernels_build_wherever_they_can_run():
     """Not a silent fallback: on an x86-64 CPU with AVX2 and a C compiler, a broken build fails here."""
-    if not _can_build_panel_kernel():
-        pytest.skip("the decode layer kernels need x86-64 with AVX2/FMA and a C compiler")
+    if native.cannot_build():
+        pytest.skip(native.cannot_build())
     assert decode_layer.unavailable_reason() is None
 
 

@@ -4,8 +4,6 @@ kernel are what PyTorch's operations give, or closer to exact."""
 
 import copy
 import pickle
-import platform
-import shutil
 
 import pytest
 import torch
@@ -14,10 +12,9 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from posttrain.config import ModelSection
 from posttrain.models import cpu_probe, load_model, load_tokenizer
-from posttrain.models import train_elementwise
+from posttrain.models import native, train_elementwise
 from posttrain.models.logprobs import policy_forward, torch_softmax_statistics
 from posttrain.models.policy import Policy
-from posttrain.models.probe_cache import cpu_flags
 from posttrain.models.train_elementwise import rms_norm, softmax_statistics, swiglu, use_fused_norm_mlp
 
 needs_kernels = pytest.mark.skipif(train_elementwise.unavailable_reason() is not None,
@@ -118,8 +115,8 @@ def test_the_kernels_say_what_does_not_fit():
 
 def test_training_elementwise_kernels_build_wherever_they_can_run():
     """Not a silent fallback: on an x86-64 CPU with AVX2/FMA and a C compiler, a broken build fails here."""
-    if platform.machine() != "x86_64" or not {"avx2", "fma"} <= cpu_flags() or shutil.which("cc") is None:
-        pytest.skip("the kernels need x86-64 with AVX2/FMA and a C compiler")
+    if native.cannot_build():
+        pytest.skip(native.cannot_build())
     assert train_elementwise.unavailable_reason() is None
 
 

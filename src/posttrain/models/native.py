@@ -2,11 +2,12 @@
 ``train_attention.c``, ``train_elementwise.c``, ``transpose.c``), compiled on first use with the system's C compiler.
 
 Each source is compiled once per machine into the posttrain cache directory (next to the CPU
-probe's file: :func:`posttrain.models.probe_cache.cache_dir`) with ``$CC`` or ``cc``, ``-O3 -mavx2
--mfma -fopenmp``, and loaded with ctypes; a source may include the headers beside it (``simd.h``).
-No Python headers are involved, so a build takes about a second. The kernels run on PyTorch's own
-OpenMP runtime and thread count. Where one cannot be built (not x86-64, no AVX2 and FMA, no C
-compiler, a failed build) :func:`load` says why, and the operations PyTorch ships serve instead.
+probe's file: :func:`posttrain.models.probe_cache.cache_dir`) with ``$CC``, ``cc`` or ``gcc``,
+``-O3 -mavx2 -mfma -fopenmp``, and loaded with ctypes; a source may include the headers beside it
+(``simd.h``). No Python headers are involved, so a build takes about a second. The kernels run on
+PyTorch's own OpenMP runtime and thread count. Where one cannot be built (not x86-64, no AVX2 and FMA,
+no C compiler: :func:`cannot_build`; a failed build) :func:`load` says why, and the operations PyTorch
+ships serve instead.
 Each kernel module holds one :class:`Kernels` for its source, or one per build where a source is also
 built with more of the CPU's instructions (``panel_gemm.c`` with ``-mavx512f``).
 """
@@ -60,6 +61,8 @@ def _build(source: Path, compiler: str, flags: tuple[str, ...] = ()) -> Path:
                                     capture_output=True, text=True, timeout=120)
         except subprocess.TimeoutExpired:
             raise OSError(f"{compiler} did not build {source.name} within 120 s") from None
+        except OSError as e:  # $CC names no program, or one that cannot be run
+            raise OSError(f"the C compiler {compiler} could not be run: {e.strerror}") from None
         if result.returncode != 0:
             partial.unlink(missing_ok=True)
             lines = result.stderr.strip().splitlines() or [f"exit status {result.returncode}"]
@@ -69,12 +72,11 @@ def _build(source: Path, compiler: str, flags: tuple[str, ...] = ()) -> Path:
     raise OSError("no writable directory for the compiled kernel")
 
 
-def load(source: Path, needs: tuple[str, ...] = (), flags: tuple[str, ...] = ()) -> ctypes.CDLL | str:
-    """``source`` compiled (with ``flags`` besides :data:`COMPILE_FLAGS`) and loaded, or why it cannot be
-    here. ``needs``: the CPU flags (as /proc/cpuinfo names them) it runs on besides AVX2 and FMA, for a
-    source or build that asks the compiler for more (``#pragma GCC target``, ``-mavx512f``): its
-    instructions would stop the process where they are missing. A flag above PyTorch's instruction-set
-    cap (:func:`posttrain.models.probe_cache.cpu_flags`) counts as missing."""
+def cannot_build(needs: tuple[str, ...] = ()) -> str | None:
+    """Why a kernel that runs on AVX2, FMA and ``needs`` (CPU flags as /proc/cpuinfo names them) cannot be
+    built and run here, before any build is tried, or None: then a failed build is a fault, not the
+    machine's (tests fail on it rather than skip). A flag above PyTorch's instruction-set cap
+    (:func:`posttrain.models.probe_cache.cpu_flags`) counts as missing."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"not an x86-64 CPU ({platform.machine()})"
     if not {"avx2", "fma"} <= hardware_flags():
@@ -88,11 +90,21 @@ def load(source: Path, needs: tuple[str, ...] = (), flags: tuple[str, ...] = ())
         cause = "ATEN_CPU_CAPABILITY sets it" if os.environ.get("ATEN_CPU_CAPABILITY") else \
             "PyTorch's choice for this CPU"
         return f"{', '.join(capped)} above PyTorch's instruction set here ({capability}; {cause})"
-    compiler = _compiler()
-    if compiler is None:
-        return "no C compiler (cc, or $CC)"
+    if _compiler() is None:
+        return "no C compiler (cc, gcc or $CC)"
+    return None
+
+
+def load(source: Path, needs: tuple[str, ...] = (), flags: tuple[str, ...] = ()) -> ctypes.CDLL | str:
+    """``source`` compiled (with ``flags`` besides :data:`COMPILE_FLAGS`) and loaded, or why it cannot be
+    here. ``needs``: the CPU flags it runs on besides AVX2 and FMA (:func:`cannot_build`), for a source or
+    build that asks the compiler for more (``#pragma GCC target``, ``-mavx512f``): its instructions would
+    stop the process where they are missing."""
+    reason = cannot_build(needs)
+    if reason is not None:
+        return reason
     try:
-        return ctypes.CDLL(str(_build(source, compiler, flags)))
+        return ctypes.CDLL(str(_build(source, _compiler(), flags)))
     except OSError as e:
         return str(e)
 
