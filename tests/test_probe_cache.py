@@ -128,6 +128,37 @@ def test_pytorchs_instruction_ceiling_keeps_our_kernels_under_it_and_is_measured
     assert capped_file != uncapped_file
 
 
+KERNEL_CHOICES = """
+import json
+from posttrain.models import cpu_probe, probe_cache
+print(json.dumps([cpu_probe.narrow_decode_kernel(False), cpu_probe.wide_decode_kernel(False),
+                  str(probe_cache.probe_file())]))
+"""
+
+
+def test_a_process_that_cannot_build_our_kernels_measures_apart(tmp_path):
+    """Timings taken with our kernels would have a process without a working compiler choose a kernel it
+    cannot load (its decoding stopped with 'cannot run here'), and timings taken without them would keep
+    later processes off them: each keeps its own file."""
+    if native.cannot_build():
+        pytest.skip(native.cannot_build())
+
+    def run(**env) -> list:
+        env = {**os.environ, "POSTTRAIN_CACHE_DIR": str(tmp_path), **env}
+        proc = subprocess.run([sys.executable, "-c", KERNEL_CHOICES], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout)
+
+    ours = ("panel fp32", "panel512 fp32")
+    with_kernels = run()
+    without = run(CC=str(tmp_path / "no-such-cc"))
+    assert without[2] != with_kernels[2]
+    assert not set(without[:2]) & set(ours)
+    assert run() == with_kernels  # its own file again, not the one measured without
+    assert run(CC=str(tmp_path / "no-such-cc")) == without
+
+
 def test_an_avx512_build_refused_where_pytorch_itself_stops_at_avx2_says_so(monkeypatch):
     """Where no variable caps it but PyTorch runs AVX2 kernels on a CPU that has avx512f (a CPU with
     only part of the AVX-512 PyTorch asks for), the reason blames PyTorch's choice, not a variable."""

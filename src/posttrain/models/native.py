@@ -15,6 +15,7 @@ built with more of the CPU's instructions (``panel_gemm.c`` with ``-mavx512f``).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -107,6 +108,17 @@ def load(source: Path, needs: tuple[str, ...] = (), flags: tuple[str, ...] = ())
         return ctypes.CDLL(str(_build(source, _compiler(), flags)))
     except OSError as e:
         return str(e)
+
+
+@functools.cache
+def kernels_unavailable() -> str | None:
+    """Why our kernels cannot be built in this process, or None: :func:`cannot_build`, or a failed build of
+    the smallest of them (``transpose.c``: a ``$CC`` that does not work). The CPU probes keep what they
+    measure without our kernels apart (:func:`posttrain.models.probe_cache.probe_file`), so that a
+    process that can build them never chooses by timings that left them out, and one that cannot never
+    chooses a kernel it cannot load."""
+    library = load(Path(__file__).with_name("transpose.c"))
+    return library if isinstance(library, str) else None
 
 
 class Kernels:

@@ -11,9 +11,10 @@ run code whose kernels another measurement chooses: the process holds the file's
 deep.
 
 The file is keyed by what the timings depend on: the CPU (model and flags), torch's version, the
-number of threads torch runs matmuls on and any instruction-set ceiling set in the environment
-(:data:`ISA_CEILINGS`); each value by its function's name and source (and the code it measures,
-where that lives elsewhere), so that a changed measurement is taken again. It
+number of threads torch runs matmuls on, any instruction-set ceiling set in the environment
+(:data:`ISA_CEILINGS`) and whether our kernels can be built
+(:func:`posttrain.models.native.kernels_unavailable`); each value by its function's name and source
+(and the code it measures, where that lives elsewhere), so that a changed measurement is taken again. It
 lives in ``$POSTTRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/posttrain``, else ``~/.cache/posttrain``;
 where that cannot be written, each process measures for itself.
 """
@@ -92,9 +93,14 @@ def cache_dir() -> Path:
 
 def probe_file() -> Path:
     """Where this machine's measurements are kept (see the module docstring)."""
+    from posttrain.models import native  # here: native imports this module
+
     cpu = [cpuinfo().get(k, "") for k in ("vendor_id", "cpu family", "model", "model name", "flags")]
-    ceilings = isa_ceilings()  # in the key only where one is set, so that machines without keep their measurements
-    key = json.dumps([cpu, torch.__version__, torch.get_num_threads()] + ([ceilings] if ceilings else []))
+    # A ceiling, or our kernels' absence, in the key only where there is one, so that machines without keep
+    # their measurements.
+    ceilings = isa_ceilings()
+    without = ["without our kernels"] if native.kernels_unavailable() else []
+    key = json.dumps([cpu, torch.__version__, torch.get_num_threads()] + ([ceilings] if ceilings else []) + without)
     return cache_dir() / f"cpu-probe-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
