@@ -117,8 +117,9 @@ def kernels_unavailable() -> str | None:
     measure without our kernels apart (:func:`posttrain.models.probe_cache.probe_file`), so that a
     process that can build them never chooses by timings that left them out, and one that cannot never
     chooses a kernel it cannot load."""
-    library = load(Path(__file__).with_name("transpose.c"))
-    return library if isinstance(library, str) else None
+    from posttrain.models import transpose  # here: transpose imports this module
+
+    return transpose.unavailable_reason()
 
 
 class Kernels:
