@@ -104,33 +104,13 @@ def run_posttrain(model: str, prompts: int, generations: int, steps: int, out_di
 
 
 def run_trl(model: str, prompts: int, generations: int, steps: int, out_dir: str) -> list[dict]:
-    from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from posttrain.envs import make_env
     from posttrain.models import load_model, load_tokenizer
+    from trl_peer import arithmetic_dataset, step_timer
 
-    env = make_env("arithmetic", {"difficulty": 1, "num_eval": 100})
-    tasks = {t.id: t for t in env.tasks("train")}
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t.prompt}], "task_id": t.id}
-                                 for t in tasks.values()])
-
-    def arithmetic_reward(prompts, completions, task_id, **_) -> list[float]:
-        return [env.score(tasks[i], c[-1]["content"])[0] for c, i in zip(completions, task_id)]
-
+    dataset, arithmetic_reward = arithmetic_dataset()
     records: list[dict] = []
-
-    class StepTimer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            self.start = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            records.append({"seconds": time.perf_counter() - self.start})
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "completions/mean_length" in logs and records:
-                records[-1]["completion_tokens"] = logs["completions/mean_length"] * prompts * generations
 
     args = GRPOConfig(
         output_dir=out_dir, per_device_train_batch_size=prompts * generations, num_generations=generations,
@@ -139,7 +119,8 @@ def run_trl(model: str, prompts: int, generations: int, steps: int, out_dir: str
         save_strategy="no", seed=0, dataloader_num_workers=0, lr_scheduler_type="constant", max_grad_norm=1.0,
     )
     trainer = GRPOTrainer(model=load_model(model), reward_funcs=arithmetic_reward, args=args, train_dataset=dataset,
-                          processing_class=load_tokenizer(model), callbacks=[StepTimer()])
+                          processing_class=load_tokenizer(model),
+                          callbacks=[step_timer(records, prompts * generations)])
     trainer.train()
     return records
 

@@ -95,40 +95,19 @@ def run_posttrain(lora: bool, beta: float, bf16: bool, steps: int, out_dir: str)
 
 
 def run_trl(lora: bool, beta: float, bf16: bool, steps: int, out_dir: str, allocator: str) -> list[dict]:
-    from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, TrainerCallback
+    from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
-    from posttrain.envs import make_env
     from posttrain.models import load_tokenizer
     from posttrain.models.allocator import keep_freed_memory
     from posttrain.models.loading import resolve_model_path
+    from trl_peer import arithmetic_dataset, step_timer
 
     if allocator == "posttrain":
         keep_freed_memory()
-
-    env = make_env("arithmetic", {"difficulty": 1, "num_eval": 100})
-    tasks = {t.id: t for t in env.tasks("train")}
-    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t.prompt}], "task_id": t.id}
-                                 for t in tasks.values()])
-
-    def arithmetic_reward(prompts, completions, task_id, **_) -> list[float]:
-        return [env.score(tasks[i], c[-1]["content"])[0] for c, i in zip(completions, task_id)]
-
+    dataset, arithmetic_reward = arithmetic_dataset()
     records: list[dict] = []
-
-    class StepTimer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            self.start = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            records.append({"seconds": time.perf_counter() - self.start})
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "reward" in logs and records:
-                records[-1]["reward"] = logs["reward"]
-                records[-1]["completion_tokens"] = logs["completions/mean_length"] * PROMPTS_PER_STEP * GENERATIONS
 
     args = GRPOConfig(
         output_dir=out_dir, per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS, num_generations=GENERATIONS,
@@ -140,7 +119,8 @@ def run_trl(lora: bool, beta: float, bf16: bool, steps: int, out_dir: str, alloc
     peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=LORA_TARGETS) if lora else None
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(MODEL), dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=arithmetic_reward, args=args, train_dataset=dataset,
-                          processing_class=load_tokenizer(MODEL), peft_config=peft_config, callbacks=[StepTimer()])
+                          processing_class=load_tokenizer(MODEL), peft_config=peft_config,
+                          callbacks=[step_timer(records, PROMPTS_PER_STEP * GENERATIONS)])
     trainer.train()
     return records
 

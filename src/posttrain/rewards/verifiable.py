@@ -57,13 +57,6 @@ def exact_match_reward(text: str, answer: int | float | str | Fraction) -> float
     return float(predicted is not None and expected is not None and predicted == expected)
 
 
-def exact_number_score(action: str, answer) -> tuple[float, dict]:
-    """Reward 1 for the exact final number, with ``correct`` and the parsed answer as info."""
-    reward = exact_match_reward(action, answer)
-    parsed = extract_final_number(action)
-    return reward, {"correct": reward == 1.0, "parsed_answer": None if parsed is None else str(parsed)}
-
-
 # Text that a plain-number reading could misread: LaTeX commands, and fractions such as "3/4"
 # (whose last number, 4, is not the answer).
 _NOT_PLAIN = re.compile(r"\\|\d\s*/\s*\d")

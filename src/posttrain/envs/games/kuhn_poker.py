@@ -15,7 +15,7 @@ from posttrain.envs.games.base import TextGame
 
 CARDS = ["J", "Q", "K"]
 ACTIONS = ("check", "bet", "call", "fold")
-_ACTION = re.compile(r"\b(check|bet|call|fold)\b", re.I)
+_ACTION = re.compile(r"\b(" + "|".join(ACTIONS) + r")\b", re.I)
 
 
 class KuhnPoker(TextGame):
