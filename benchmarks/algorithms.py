@@ -32,10 +32,11 @@ ALGORITHMS = ["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo"]
 
 def table_recipe(name: str) -> list[str]:
     """Overrides of the demo's config with which the README's algorithm table was measured for ``name``
-    (also benchmarks/reproduce.py's algorithm claims): the demo's earlier batch, rate and rollout (2 tasks
-    x 8, lr 1e-5, 48 tokens, float32 decoding), and the algorithm's own overlong penalty (dapo's preset;
-    none for the others) rather than the demo's."""
-    return ["train.tasks_per_step=2", "train.microbatch_size=16", "train.learning_rate=1e-5",
+    (also benchmarks/reproduce.py's algorithm claims): the demo's earlier batch, rate, rollout and held-out
+    set (2 tasks x 8, lr 1e-5, 48 tokens, float32 decoding, 100 held-out problems), and the algorithm's own
+    overlong penalty (dapo's preset; none for the others) rather than the demo's."""
+    return ["env.kwargs={difficulty: 1, num_eval: 100}", "eval.num_tasks=100",
+            "train.tasks_per_step=2", "train.microbatch_size=16", "train.learning_rate=1e-5",
             "rollout.max_new_tokens=48", "rollout.decode_dtype=float32",
             f"algorithm.overlong_buffer={ALGORITHM_PRESETS[name].get('overlong_buffer', 0)}"]
 

@@ -88,6 +88,7 @@ def run_posttrain(model: str, prompts: int, generations: int, steps: int, out_di
 
     cfg = load_config(ROOT / "examples" / "arithmetic_grpo.yaml", [
         f"model.name={model}", "model.device=cuda", "model.autocast=auto", "algorithm.beta=0",
+        "env.kwargs={difficulty: 1, num_eval: 100}",  # the 300 training problems TRL's side draws from (trl_peer)
         "algorithm.overlong_buffer=0",
         f"algorithm.group_size={generations}", f"train.tasks_per_step={prompts}",
         f"train.microbatch_size={prompts * generations}", f"train.learning_rate={LEARNING_RATE}",

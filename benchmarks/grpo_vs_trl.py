@@ -72,6 +72,7 @@ def posttrain_config(lora: bool, beta: float, bf16: bool, steps: int, out_dir: s
 
     return load_config(ROOT / "examples" / "arithmetic_grpo.yaml", [
         f"model.name={MODEL}", f"model.lora.enabled={str(lora).lower()}", "algorithm.name=grpo",
+        "env.kwargs={difficulty: 1, num_eval: 100}",  # the 300 training problems TRL's side draws from (trl_peer)
         f"model.autocast={'bfloat16' if bf16 else 'none'}", "rollout.decode_dtype=float32",  # as TRL's generate
         "algorithm.overlong_buffer=0",  # TRL's GRPO shapes no rewards by length
         f"algorithm.beta={beta}", f"algorithm.group_size={GENERATIONS}", f"train.tasks_per_step={PROMPTS_PER_STEP}",

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from reproduce import points  # benchmarks/reproduce.py: the demo's runs, whose figures are judged here
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -143,8 +144,8 @@ def _demo(rows: list[dict]) -> list[Verdict]:
     ordered = [runs[s] for s in DEMO_SEEDS]
     minutes = statistics.median(r["training_seconds"] for r in ordered) / 60
     wall = statistics.median(r["seconds"] for r in ordered) / 60
-    gains = " / ".join(f"{r['gain']:+.0f}" for r in ordered)
-    accuracy = " / ".join(f"{r['before']:.0f}->{r['final']:.0f}%" for r in ordered)
+    gains = " / ".join(points(r["gain"], sign=True) for r in ordered)
+    accuracy = " / ".join(f"{points(r['before'])}->{points(r['final'])}%" for r in ordered)
     return [Verdict(target, f"{gains} ({accuracy}), {minutes:.1f} min of training (wall {wall:.1f} min)",
                     min(r["gain"] for r in ordered) >= DEMO_GAIN and minutes <= DEMO_MINUTES)]
 
