@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from trl_peer import ENV_OVERRIDE, arithmetic_dataset, step_timer  # benchmarks/trl_peer.py: TRL's side
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {"2x8": (2, 8), "8x8": (8, 8)}  # prompts per step x generations per prompt
 MAX_NEW_TOKENS = 64
@@ -88,7 +90,7 @@ def run_posttrain(model: str, prompts: int, generations: int, steps: int, out_di
 
     cfg = load_config(ROOT / "examples" / "arithmetic_grpo.yaml", [
         f"model.name={model}", "model.device=cuda", "model.autocast=auto", "algorithm.beta=0",
-        "env.kwargs={difficulty: 1, num_eval: 100}",  # the 300 training problems TRL's side draws from (trl_peer)
+        ENV_OVERRIDE,  # the problems TRL's side trains on
         "algorithm.overlong_buffer=0",
         f"algorithm.group_size={generations}", f"train.tasks_per_step={prompts}",
         f"train.microbatch_size={prompts * generations}", f"train.learning_rate={LEARNING_RATE}",
@@ -108,7 +110,6 @@ def run_trl(model: str, prompts: int, generations: int, steps: int, out_dir: str
     from trl import GRPOConfig, GRPOTrainer
 
     from posttrain.models import load_model, load_tokenizer
-    from trl_peer import arithmetic_dataset, step_timer
 
     dataset, arithmetic_reward = arithmetic_dataset()
     records: list[dict] = []

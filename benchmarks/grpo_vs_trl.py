@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from trl_peer import ENV_OVERRIDE, arithmetic_dataset, step_timer  # benchmarks/trl_peer.py: TRL's side
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
@@ -72,7 +73,7 @@ def posttrain_config(lora: bool, beta: float, bf16: bool, steps: int, out_dir: s
 
     return load_config(ROOT / "examples" / "arithmetic_grpo.yaml", [
         f"model.name={MODEL}", f"model.lora.enabled={str(lora).lower()}", "algorithm.name=grpo",
-        "env.kwargs={difficulty: 1, num_eval: 100}",  # the 300 training problems TRL's side draws from (trl_peer)
+        ENV_OVERRIDE,  # the problems TRL's side trains on
         f"model.autocast={'bfloat16' if bf16 else 'none'}", "rollout.decode_dtype=float32",  # as TRL's generate
         "algorithm.overlong_buffer=0",  # TRL's GRPO shapes no rewards by length
         f"algorithm.beta={beta}", f"algorithm.group_size={GENERATIONS}", f"train.tasks_per_step={PROMPTS_PER_STEP}",
@@ -103,7 +104,6 @@ def run_trl(lora: bool, beta: float, bf16: bool, steps: int, out_dir: str, alloc
     from posttrain.models import load_tokenizer
     from posttrain.models.allocator import keep_freed_memory
     from posttrain.models.loading import resolve_model_path
-    from trl_peer import arithmetic_dataset, step_timer
 
     if allocator == "posttrain":
         keep_freed_memory()

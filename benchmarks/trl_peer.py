@@ -7,17 +7,23 @@ both contenders learn from the same reward; a callback times each optimiser step
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 
+# Additions of numbers 1-20, the first 100 of the 400 held out: TRL trains on the other 300 problems, and
+# posttrain's side of a step benchmark is given the same env (ENV_OVERRIDE) rather than the demo's split.
+ARITHMETIC = {"difficulty": 1, "num_eval": 100}
+ENV_OVERRIDE = f"env.kwargs={json.dumps(ARITHMETIC)}"
+
 
 def arithmetic_dataset() -> tuple[object, Callable[..., list[float]]]:
-    """The arithmetic env's training split (additions of numbers 1-20) as a TRL dataset, and its reward function."""
+    """The arithmetic env's training split as a TRL dataset, and its reward function."""
     from datasets import Dataset
 
     from posttrain.envs import make_env
 
-    env = make_env("arithmetic", {"difficulty": 1, "num_eval": 100})
+    env = make_env("arithmetic", ARITHMETIC)
     tasks = {t.id: t for t in env.tasks("train")}
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t.prompt}], "task_id": t.id}
                                  for t in tasks.values()])
