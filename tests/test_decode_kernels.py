@@ -67,10 +67,8 @@ def test_float32_kernels_prefill_and_decode_the_models_own_logits_at_one_row(tin
     assert weights.kernel(NARROW_ROWS + 1) == wide_decode_kernel(False)
 
 
-def test_panel_kernel_builds_wherever_it_can_run():
+def test_panel_kernel_builds_wherever_it_can_run(buildable_kernels):
     """Not a silent fallback: on an x86-64 CPU with AVX2 and a C compiler, a broken build fails here."""
-    if native.cannot_build():
-        pytest.skip(native.cannot_build())
     assert panel_linear.unavailable_reason() is None
 
 
@@ -81,10 +79,8 @@ NO_AVX512F = (r"(the CPU has no avx512f"
               r"|PyTorch's choice for this CPU)\))")
 
 
-def test_panel_kernels_avx512_build_builds_wherever_the_cpu_has_avx512():
+def test_panel_kernels_avx512_build_builds_wherever_the_cpu_has_avx512(buildable_kernels):
     """Not a silent fallback: where the CPU reports AVX-512, a broken build of it fails here."""
-    if native.cannot_build():
-        pytest.skip(native.cannot_build())
     if "avx512f" in cpu_flags():
         assert panel_linear.AVX512.unavailable_reason() is None
     else:
@@ -181,10 +177,8 @@ def test_dot_packing_lays_out_pytorchs_rounding_and_packs_parts_as_their_concate
         assert torch.equal(panels.view(torch.int16), expected.view(panels.shape).view(torch.int16))
 
 
-def test_dot_kernel_builds_wherever_the_cpu_has_avx512_bf16():
+def test_dot_kernel_builds_wherever_the_cpu_has_avx512_bf16(buildable_kernels):
     """Not a silent fallback: where the CPU reports the instructions it uses, a broken build fails here."""
-    if native.cannot_build():
-        pytest.skip(native.cannot_build())
     if {"avx512f", "avx512bw", "avx512_bf16"} <= cpu_flags():
         assert panel_dot.unavailable_reason() is None
     else:
@@ -263,10 +257,9 @@ def _tools_dir(tmp_path, names) -> str:
     return str(tools)
 
 
-def test_the_compiler_is_cc_or_gcc_or_CC_and_without_one_the_kernels_say_so(monkeypatch, tmp_path):
+def test_the_compiler_is_cc_or_gcc_or_CC_and_without_one_the_kernels_say_so(buildable_kernels, monkeypatch,
+                                                                             tmp_path):
     """The checks that fail a broken build (the tests above) count the compiler a build would use."""
-    if native.cannot_build():
-        pytest.skip(native.cannot_build())
     if not all(shutil.which(tool) for tool in ("gcc", "as", "ld")):
         pytest.skip("needs gcc and binutils on PATH")
     gcc_only = _tools_dir(tmp_path, ("gcc", "as", "ld"))  # gcc and its assembler and linker, no cc
@@ -284,10 +277,8 @@ def test_the_compiler_is_cc_or_gcc_or_CC_and_without_one_the_kernels_say_so(monk
     assert reason == f"the C compiler {tmp_path / 'no-such-cc'} could not be run: No such file or directory"
 
 
-def test_decode_layer_kernels_build_wherever_they_can_run():
+def test_decode_layer_kernels_build_wherever_they_can_run(buildable_kernels):
     """Not a silent fallback: on an x86-64 CPU with AVX2 and a C compiler, a broken build fails here."""
-    if native.cannot_build():
-        pytest.skip(native.cannot_build())
     assert decode_layer.unavailable_reason() is None
 
 
