@@ -102,8 +102,10 @@ def train(
                                          "complete checkpoint, exactly (the config must match the run's)."),
     overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
 ) -> None:
-    """Train a policy with online RL, evaluating on the held-out split before and after (a multi-agent
-    env trains with the self-play trainer, see the multi_agent section)."""
+    """Train a policy with online RL, evaluating on the held-out split before and after.
+
+    A multi-agent env trains with the self-play trainer (see the multi_agent config section).
+    """
     with _user_errors():
         cfg = load_config(config, overrides)
         from posttrain.envs import env_is_multi_agent
