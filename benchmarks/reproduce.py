@@ -121,7 +121,7 @@ def points(value: float, sign: bool = False) -> str:
 
 
 def summary(rows: list[dict]) -> str:
-    """Median before and final, mean and range of the gain over seeds, per claim."""
+    """Median before and final (as measured), mean gain over seeds (rounded to a point) and range, per claim."""
     lines = ["| claim | seeds | before | final | gain (mean, range) | claimed gain | holds on | median training time | median wall time |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name in dict.fromkeys(r["claim"] for r in rows):
@@ -129,8 +129,8 @@ def summary(rows: list[dict]) -> str:
         if not ok:
             continue
         gains = [r["gain"] for r in ok]
-        lines.append(f"| {name} | {len(ok)} | {statistics.median(r['before'] for r in ok):.0f}% | "
-                     f"{statistics.median(r['final'] for r in ok):.0f}% | {statistics.mean(gains):+.0f} "
+        lines.append(f"| {name} | {len(ok)} | {points(statistics.median(r['before'] for r in ok))}% | "
+                     f"{points(statistics.median(r['final'] for r in ok))}% | {statistics.mean(gains):+.0f} "
                      f"({points(min(gains), True)} to {points(max(gains), True)}) | {ok[0]['claimed_gain']:+.0f} | "
                      f"{sum(r['holds'] for r in ok)}/{len(ok)} | "
                      f"{statistics.median(r['training_seconds'] for r in ok) / 60:.1f} min | "
