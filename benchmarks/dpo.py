@@ -36,8 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def posttrain_contender(store: str, n_pairs: int, batch: int, out_dir: str):
     cfg = load_config(ROOT / "examples" / "arithmetic_dpo.yaml", [
-        f"offline.store={store}", "offline.method=dpo", "offline.beta=0.1", f"offline.batch_size={batch}",
-        f"offline.microbatch_size={batch}", f"output_dir={out_dir}",
+        # plain DPO, TRL's sigmoid loss: the example's RPO term off
+        f"offline.store={store}", "offline.method=dpo", "offline.beta=0.1", "offline.rpo_alpha=0",
+        f"offline.batch_size={batch}", f"offline.microbatch_size={batch}", f"output_dir={out_dir}",
     ])
     trainer = OfflineTrainer(cfg)
     trainer.examples = trainer.examples[:n_pairs]

@@ -129,6 +129,20 @@ def test_offline_user_errors_are_one_line_exit_2(tmp_path):
         assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+def test_a_store_holding_held_out_tasks_is_refused(tmp_path):
+    """A store collected with 8 problems held out holds problems 8-10; evaluating on the first 10 would test the
+    policy on 2 problems it trained on."""
+    config = tiny_config(tmp_path)
+    store = tmp_path / "store"
+    collected = run_cli("collect", config, "--out", store, "--n", 2, "--tasks", 3)
+    assert collected.returncode == 0, collected.stderr[-3000:]
+    wider = ["--set", f"offline.store={store}", "--set", "env.kwargs.num_eval=10", "--set", "eval.num_tasks=10"]
+    for command in ("dpo", "sft"):
+        proc = run_cli(command, config, *wider, "--set", f"offline.method={'dpo' if command == 'dpo' else 'rft'}")
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "holds 2 of the 10 held-out tasks" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_online_training_writes_every_sampled_trajectory_to_the_store(tmp_path):
     store = tmp_path / "online-store"
     config = tiny_config(tmp_path, store={"write": True, "path": str(store)}, eval={"before_training": False})

@@ -100,6 +100,7 @@ class OfflineTrainer:
         if not trajectories:
             raise DataError(f"trajectory store {off.store} holds no readable trajectories (write one with "
                             "`posttrain collect`)")
+        self._check_held_out(trajectories)
         if off.method in PAIRED:
             pairs = preference_pairs(trajectories, off.min_reward_gap, off.max_pairs_per_task)
             if not pairs:
@@ -114,6 +115,19 @@ class OfflineTrainer:
             return successes, None
         labels = torch.tensor([True] * len(successes) + [False] * len(failures))
         return successes + failures, labels
+
+    def _check_held_out(self, trajectories: list[Trajectory]) -> None:
+        """Refuse a store that holds tasks of the held-out split this config evaluates on: trained on, they
+        would raise the accuracy reported after training (a store collected under other env settings, such
+        as another ``num_eval``, can hold them)."""
+        held_out = {task.id for task in self.eval_tasks}
+        leaked = sorted({t.task.id for t in trajectories} & held_out)
+        if leaked:
+            raise DataError(
+                f"trajectory store {self.off.store} holds {len(leaked)} of the {len(held_out)} held-out tasks this "
+                f"config evaluates on (for example {leaked[0]!r}); training on them would inflate the evaluation. "
+                "Expected a store of training tasks only: collect it with this config (`posttrain collect`) or "
+                "change the held-out split (env.kwargs, eval.num_tasks)")
 
     def _rows(self, items: list[int]) -> list[Trajectory]:
         """The sequences one group of examples needs: chosen then rejected answers for pairs."""
