@@ -27,6 +27,7 @@ from rich.table import Table
 
 from posttrain.config import load_config
 from posttrain.data import TrajectoryStore
+from posttrain.data.store import DataError
 from posttrain.train.offline import OfflineTrainer
 
 from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
@@ -101,7 +102,10 @@ def main() -> None:
         raise SystemExit(f"no trajectories in {args.store}: collect them first with `posttrain collect "
                          "examples/arithmetic_dpo.yaml --out runs/arithmetic-offline/trajectories --n 8 --tasks 64`")
 
-    ours_pairs, reference_seconds, ours_step = posttrain_contender(args.store, n_pairs, args.batch, f"{tmp}/ours")
+    try:
+        ours_pairs, reference_seconds, ours_step = posttrain_contender(args.store, n_pairs, args.batch, f"{tmp}/ours")
+    except DataError as e:  # a store of another held-out split, say: the trainer's one line, not a traceback
+        raise SystemExit(str(e)) from None
     if len(ours_pairs) < n_pairs:
         raise SystemExit(f"the store has {len(ours_pairs)} pairs; {n_pairs} needed ((--warmup + --steps) x --batch)")
     from posttrain.models import load_tokenizer

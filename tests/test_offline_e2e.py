@@ -137,8 +137,8 @@ def test_a_store_holding_held_out_tasks_is_refused(tmp_path):
     collected = run_cli("collect", config, "--out", store, "--n", 2, "--tasks", 3)
     assert collected.returncode == 0, collected.stderr[-3000:]
     wider = ["--set", f"offline.store={store}", "--set", "env.kwargs.num_eval=10", "--set", "eval.num_tasks=10"]
-    for command in ("dpo", "sft"):
-        proc = run_cli(command, config, *wider, "--set", f"offline.method={'dpo' if command == 'dpo' else 'rft'}")
+    for command, method in (("dpo", "dpo"), ("sft", "rft")):
+        proc = run_cli(command, config, *wider, "--set", f"offline.method={method}")
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert "holds 2 of the 10 held-out tasks" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
