@@ -26,8 +26,7 @@ import torch
 from rich.table import Table
 
 from posttrain.config import load_config
-from posttrain.data import TrajectoryStore
-from posttrain.data.store import DataError
+from posttrain.data.store import DataError, TrajectoryStore
 from posttrain.train.offline import OfflineTrainer
 
 from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
