@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from machine import describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,9 +62,7 @@ def main() -> None:
     for r in rows:
         print(f"| {'on' if r['gradient_checkpointing'] else 'off'} | {r['optimizer_steps']} | "
               f"{r['seconds_per_step']:.2f} | {r['peak_rss_mb']:.0f} |")
-    results = ROOT / "benchmarks" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "checkpointing_memory.json").write_text(json.dumps(rows, indent=2))
+    write_json(ROOT / "benchmarks" / "results" / "checkpointing_memory.json", rows)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ one-time cost is reported separately and amortised over the steps.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -29,7 +28,7 @@ from posttrain.config import load_config
 from posttrain.data.store import DataError, TrajectoryStore
 from posttrain.train.offline import OfflineTrainer
 
-from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from machine import console, describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -145,9 +144,7 @@ def main() -> None:
               "speedup_vs_trl": median["TRL DPOTrainer"] / median["posttrain"],
               "speedup_vs_trl_precomputed": median["TRL DPOTrainer (precomputed ref)"] / median["posttrain"],
               "load_average": load, "threads": torch.get_num_threads()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    console().print(f"wrote {args.out}")
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

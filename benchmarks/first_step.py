@@ -19,14 +19,13 @@ Run it alone: on a 2-core machine any other process distorts the timings.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from grpo_vs_trl import parse_config, posttrain_config
-from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from machine import console, describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,9 +77,7 @@ def main() -> None:
         table.add_row(config, f"{r['tokens']:.0f}", f"{r['updates']:.0f}", f"{r['cold']:.2f}", f"{r['warm']:.2f}",
                       f"{r['cold'] - r['warm']:+.2f}")
     console().print(table)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"repeats": args.repeats, "seed": args.seed, "configs": results}, indent=2))
-    console().print(f"wrote {args.out}")
+    write_json(args.out, {"repeats": args.repeats, "seed": args.seed, "configs": results})
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import statistics
 import time
@@ -35,7 +34,7 @@ from posttrain.models import load_model, load_tokenizer
 from posttrain.rollout import HFBackend, SamplingParams
 from posttrain.rollout.episodes import encode_prompt
 
-from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from machine import console, describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
@@ -142,9 +141,7 @@ def main() -> None:
         table.add_row(shape, *(f"{median[n]:.0f}" for n in names),
                       *(f"{median[n] / base:.2f}x" for n in names[:1] + names[2:]))
     console().print(table)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    console().print(f"wrote {args.out}")
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

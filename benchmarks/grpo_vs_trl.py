@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from machine import console, describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 from trl_peer import ENV_OVERRIDE, arithmetic_dataset, step_timer  # benchmarks/trl_peer.py: TRL's side
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,9 +217,7 @@ def main() -> None:
                           f"{s['peak_rss_mb']:.0f}", f"{s['mean_reward']:.2f}", f"{s['late_reward']:.2f}",
                           f"{speedup:.2f}x" if name == "posttrain" else "")
     console().print(table)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    console().print(f"wrote {args.out}")
+    write_json(args.out, result)
 
 
 if __name__ == "__main__":

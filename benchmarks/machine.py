@@ -1,4 +1,5 @@
-"""What machine a benchmark ran on, printed beside every table: CPU figures differ by CPU type.
+"""What machine a benchmark ran on, printed beside every table: CPU figures differ by CPU type. Also the
+console a benchmark prints its tables on and the JSON file it writes its figures to.
 
 Machines of one kind here differ (AMD EPYC with AVX512-BF16, Intel Xeon with AMX), and the fastest
 dtype and kernels differ with them, so a table means little without the CPU model and its flags.
@@ -8,10 +9,12 @@ dtype and kernels differ with them, so a table means little without the CPU mode
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 
 from rich.console import Console
@@ -35,6 +38,14 @@ def console() -> Console:
     """rich's console for a benchmark's tables: the terminal's width in a terminal; in a log (``targets.py``,
     ``| tee``), 160 columns, where rich would take 80 and wrap a table's long first column over many lines."""
     return Console(width=None if sys.stdout.isatty() else LOG_WIDTH)
+
+
+def write_json(path: str | Path, data: object) -> None:
+    """Write a benchmark's figures to ``path`` as JSON (its folder made as needed), and say where."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+    console().print(f"wrote {path}")
 
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")

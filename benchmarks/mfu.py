@@ -26,7 +26,6 @@ Run it alone: on a 2-core machine any other process distorts the timings.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -42,7 +41,7 @@ from posttrain.models.onednn_linear import onednn_training
 from posttrain.models.packed_linear import packing_available
 from posttrain.models.policy import use_training_kernels
 
-from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from machine import console, describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
@@ -152,9 +151,7 @@ def main() -> None:
     console().print(table)
     out = {"matmul_peak_flops": peak, "threads": torch.get_num_threads(), "load_average": [load_before, load_after],
            "shapes": results}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
-    console().print(f"wrote {args.out}")
+    write_json(args.out, out)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from machine import describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from machine import describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 from algorithms import table_recipe  # benchmarks/algorithms.py: the recipe of the README's algorithm table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,8 +170,7 @@ def main() -> None:
     print()
     print(summary(rows))
     print(describe())  # the load average after, too: a busy machine shows here
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=2))
+    write_json(args.out, rows)
 
 
 if __name__ == "__main__":

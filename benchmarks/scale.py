@@ -31,7 +31,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
+from machine import console, describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
@@ -168,8 +168,7 @@ def main() -> None:
             table.add_row("data parallel", f"{r['model']}, {r['processes']} process(es)", f"{r['step_seconds']:.2f} s/step")
     screen.print(table)
     screen.print(describe())
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"machine": describe(), "rows": rows}, indent=2))
+    write_json(args.out, {"machine": describe(), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ Wall times depend on what else runs on the machine: the load average is printed 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -38,7 +37,7 @@ from posttrain.envs.web import MiniWoBEnv, WebShopEnv
 from posttrain.envs.web.browser import browser_memory_mb
 from posttrain.envs.web.experts import MiniWoBExpert, ShopExpert
 
-from machine import console  # benchmarks/machine.py: tables unwrapped in a log
+from machine import console, write_json  # benchmarks/machine.py: tables unwrapped in a log
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("click-test", "click-test-2", "click-button", "click-link", "enter-text", "focus-text", "login-user")
@@ -224,10 +223,7 @@ def main() -> None:
                        f"{m['peak_rss_mb']:.0f} MB", f"{m['peak_pss_mb']:.0f} MB", f"{m['first_10_rss_mb']:.0f} MB",
                        f"{m['last_10_rss_mb']:.0f} MB")
     screen.print(mtable)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"throughput": rows, "memory": mem, "load_before": load_before,
-                                          "load_after": load_after}, indent=2))
-    screen.print(f"wrote {args.out}")
+    write_json(args.out, {"throughput": rows, "memory": mem, "load_before": load_before, "load_after": load_after})
 
 
 if __name__ == "__main__":
