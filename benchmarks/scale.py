@@ -167,8 +167,9 @@ def main() -> None:
         else:
             table.add_row("data parallel", f"{r['model']}, {r['processes']} process(es)", f"{r['step_seconds']:.2f} s/step")
     screen.print(table)
-    screen.print(describe())
-    write_json(args.out, {"machine": describe(), "rows": rows})
+    machine = describe()
+    screen.print(machine)
+    write_json(args.out, {"machine": machine, "rows": rows})
 
 
 if __name__ == "__main__":
