@@ -33,6 +33,17 @@ def test_a_config_that_is_not_utf8_is_one_line(tmp_path):
     assert "expected a YAML file" in line
 
 
+@pytest.mark.parametrize("command", [("train",), ("eval",), ("rm", "train")])
+def test_an_override_without_set_is_answered_with_the_set_that_would_set_it(tmp_path, command):
+    # Hydra-based trainers take `field=value` as bare arguments; here it is refused before anything loads.
+    ended = invoke(*command, tiny_config(tmp_path), "train.steps=3", "rollout.temperature=0.5")
+    assert ended.exception is None and ended.exit_code == 2, (ended.exit_code, ended.stderr[-2000:])
+    said = " ".join(ended.stderr.replace("│", " ").split())
+    assert "unexpected arguments train.steps=3 rollout.temperature=0.5" in said, said
+    assert "--set train.steps=3 --set rollout.temperature=0.5" in said, said
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("text, says", [
     ("algorithm: {name: [grpo]}", "'algorithm.name': Input should be 'grpo'"),
     ("model: [1, 2\n", "not valid YAML"),

@@ -13,11 +13,13 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Optional
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from typer.core import TyperCommand
 
 from posttrain.config import ConfigError, load_config
 
@@ -27,6 +29,22 @@ console = Console(stderr=True)
 SET_HELP = "Override a config field, e.g. --set train.steps=10 (repeatable)."
 OVERWRITE_HELP = ("Replace the previous run in output_dir: its metrics, events, samples and summary go; its "
                   "checkpoints stay until this run writes the same step. Without it a used output_dir is refused.")
+
+
+class ConfigCommand(TyperCommand):
+    """A command that reads a run config and takes ``--set`` overrides. A stray ``field=value`` argument (the
+    form Hydra-based trainers take overrides in) is refused with the ``--set`` that would set it, not click's
+    bare "unexpected extra argument"."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.allow_extra_args = True  # collect the strays here instead of click failing on them unexplained
+        stray = super().parse_args(ctx, args)
+        if stray:
+            fields = [a for a in stray if "=" in a]
+            hint = f"; a config field is set with --set, as in: {' '.join(f'--set {a}' for a in fields)}" if fields \
+                else ""
+            ctx.fail(f"unexpected argument{'s' if len(stray) > 1 else ''} {' '.join(stray)}{hint}")
+        return stray
 
 
 def _quiet_libraries() -> None:
@@ -94,7 +112,7 @@ def _is_rank_zero() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-@app.command()
+@app.command(cls=ConfigCommand)
 def train(
     config: str = typer.Argument(..., help="YAML run config."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
@@ -191,7 +209,7 @@ def _print_games_result(title: str, result) -> None:
     Console().print(f"run directory: {result.run_dir}")
 
 
-@app.command("eval")
+@app.command("eval", cls=ConfigCommand)
 def eval_cmd(
     config: str = typer.Argument(..., help="YAML run config (its model, env and eval sections are used)."),
     checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Checkpoint or model directory to evaluate."),
@@ -232,7 +250,7 @@ def _print_eval(result, samples_per_task: int) -> None:
     Console().print(table)
 
 
-@app.command()
+@app.command(cls=ConfigCommand)
 def collect(
     config: str = typer.Argument(..., help="YAML run config (its model, env and rollout sections are used)."),
     out: str = typer.Option(..., "--out", help="Trajectory store directory to append to."),
@@ -264,7 +282,7 @@ def collect(
                     f"(run {result.run_id})")
 
 
-@app.command()
+@app.command(cls=ConfigCommand)
 def demonstrate(
     config: str = typer.Argument(..., help="YAML run config of a web env (miniwob, web_shop): its env section and "
                                  "rollout.max_turns are used."),
@@ -308,7 +326,7 @@ def _offline(config: str, overrides: list[str], methods: tuple[str, ...], comman
     _print_result(f"posttrain {command} ({cfg.offline.method}): {cfg.model.name} on {cfg.env.id}", result)
 
 
-@app.command()
+@app.command(cls=ConfigCommand)
 def dpo(
     config: str = typer.Argument(..., help="YAML run config; offline.method is dpo, ipo, cdpo or kto."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
@@ -318,7 +336,7 @@ def dpo(
     _offline(config, overrides, ("dpo", "ipo", "cdpo", "kto"), "dpo", overwrite)
 
 
-@app.command()
+@app.command(cls=ConfigCommand)
 def sft(
     config: str = typer.Argument(..., help="YAML run config; offline.method is rft (store) or sft (demonstrations)."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
@@ -369,7 +387,7 @@ prm_app = typer.Typer(no_args_is_help=True, help="Process reward models (step la
 app.add_typer(prm_app, name="prm")
 
 
-@rm_app.command("train")
+@rm_app.command("train", cls=ConfigCommand)
 def rm_train(
     config: str = typer.Argument(..., help="YAML run config; its reward_model section says what to train on."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
@@ -387,7 +405,7 @@ def rm_train(
                     f"({result.seconds / 60:.1f} min); saved to {result.output}")
 
 
-@prm_app.command("train")
+@prm_app.command("train", cls=ConfigCommand)
 def prm_train(
     config: str = typer.Argument(..., help="YAML run config; its prm section says how to label and train."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
