@@ -13,7 +13,6 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Optional
 
-import click
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -36,7 +35,7 @@ class ConfigCommand(TyperCommand):
     form Hydra-based trainers take overrides in) is refused with the ``--set`` that would set it, not click's
     bare "unexpected extra argument"."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         ctx.allow_extra_args = True  # collect the strays here instead of click failing on them unexplained
         stray = super().parse_args(ctx, args)
         if stray:
