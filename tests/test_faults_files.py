@@ -44,6 +44,15 @@ def test_an_override_without_set_is_answered_with_the_set_that_would_set_it(tmp_
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("spelled", [["--train.steps=3"], ["--train.steps", "3"]])
+def test_a_dotted_option_is_answered_with_the_set_that_would_set_it(tmp_path, spelled):
+    ended = invoke("train", tiny_config(tmp_path), *spelled)
+    assert ended.exception is None and ended.exit_code == 2, (ended.exit_code, ended.stderr[-2000:])
+    said = " ".join(ended.stderr.replace("│", " ").split())
+    assert "no such option --train.steps; a config field is set with --set, as in: --set train.steps=3" in said, said
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("text, says", [
     ("algorithm: {name: [grpo]}", "'algorithm.name': Input should be 'grpo'"),
     ("model: [1, 2\n", "not valid YAML"),

@@ -32,10 +32,18 @@ OVERWRITE_HELP = ("Replace the previous run in output_dir: its metrics, events, 
 
 class ConfigCommand(TyperCommand):
     """A command that reads a run config and takes ``--set`` overrides. A stray ``field=value`` argument (the
-    form Hydra-based trainers take overrides in) is refused with the ``--set`` that would set it, not click's
-    bare "unexpected extra argument"."""
+    form Hydra-based trainers take overrides in) or a dotted option ``--field value`` (as argparse-style CLIs
+    spell nested settings) is refused with the ``--set`` that would set it, not click's bare "unexpected extra
+    argument" or "no such option"."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        for i, arg in enumerate(args):
+            name, eq, value = arg.removeprefix("--").partition("=")
+            if arg.startswith("--") and "." in name:  # none of our options has a dot in its name
+                if not eq and i + 1 < len(args) and not args[i + 1].startswith("-"):
+                    value = args[i + 1]
+                ctx.fail(f"no such option --{name}; a config field is set with --set, as in: --set {name}="
+                         f"{value or 'VALUE'}")
         ctx.allow_extra_args = True  # collect the strays here instead of click failing on them unexplained
         stray = super().parse_args(ctx, args)
         if stray:
