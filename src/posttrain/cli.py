@@ -42,16 +42,19 @@ class ConfigCommand(TyperCommand):
             if arg.startswith("--") and "." in name:  # none of our options has a dot in its name
                 if not eq and i + 1 < len(args) and not args[i + 1].startswith("-"):
                     value = args[i + 1]
-                ctx.fail(f"no such option --{name}; a config field is set with --set, as in: --set {name}="
-                         f"{value or 'VALUE'}")
+                ctx.fail(f"no such option --{name}; {_set_hint([name + '=' + (value or 'VALUE')])}")
         ctx.allow_extra_args = True  # collect the strays here instead of click failing on them unexplained
         stray = super().parse_args(ctx, args)
         if stray:
             fields = [a for a in stray if "=" in a]
-            hint = f"; a config field is set with --set, as in: {' '.join(f'--set {a}' for a in fields)}" if fields \
-                else ""
-            ctx.fail(f"unexpected argument{'s' if len(stray) > 1 else ''} {' '.join(stray)}{hint}")
+            ctx.fail(f"unexpected argument{'s' if len(stray) > 1 else ''} {' '.join(stray)}"
+                     + (f"; {_set_hint(fields)}" if fields else ""))
         return stray
+
+
+def _set_hint(settings: list[str]) -> str:
+    """How ``settings`` (``field=value``) are given here."""
+    return "a config field is set with --set, as in: " + " ".join(f"--set {s}" for s in settings)
 
 
 def _quiet_libraries() -> None:
