@@ -111,6 +111,18 @@ def test_reasoning_gym_dataset_splits_are_disjoint_and_scored_by_its_verifier():
     assert env.step(f"The final answer to the problem is {task.answer}.")[1] == 1.0
 
 
+def test_reasoning_gym_verifiers_that_eval_the_answer_run_it_sandboxed(tmp_path):
+    """countdown's verifier reads the answer with SymPy's parse_expr, which evaluates Python."""
+    env = make_env("reasoning_gym", {"dataset": "countdown", "size": 20, "eval_size": 5})
+    task = env.tasks("train")[0]
+    written = tmp_path / "written-by-the-answer"
+    env.reset(options={"task": task})
+    _, reward, _, _, info = env.step(f"Answer: __import__('pathlib').Path({str(written)!r}).write_text('x')")
+    assert not written.exists() and reward < 1.0 and not info["correct"]
+    env.reset(options={"task": task})
+    assert env.step(f"Answer: {task.answer}")[1] == 1.0
+
+
 def test_reasoning_gym_unknown_dataset_is_a_clear_error(tmp_path):
     with pytest.raises(EnvError, match="no dataset 'basic_arithmetc'.*did you mean 'basic_arithmetic'"):
         make_env("reasoning_gym", {"dataset": "basic_arithmetc"})

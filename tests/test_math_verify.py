@@ -1,11 +1,15 @@
 """Math answers: exact for plain numbers, math-verify for LaTeX, fractions and \\boxed{} (nested braces)."""
 
+import subprocess
+import sys
+import time
 from fractions import Fraction
 
 import pytest
 
 from posttrain.envs.arithmetic import ArithmeticEnv
 from posttrain.envs.tool_math import ToolMathEnv
+from posttrain.rewards import isolated
 from posttrain.rewards.verifiable import exact_match_reward, last_boxed, math_answer_correct, math_verify_equal
 
 
@@ -60,3 +64,39 @@ def test_math_envs_accept_latex_answers():
     task = tool.tasks("eval")[0]
     assert tool.score(task, rf"Final Answer: \boxed{{{task.answer}}}")[0] == 1.0
     assert tool.score(task, rf"Final Answer: \boxed{{{task.answer + 1}}}")[0] == 0.0
+
+
+HOLDS_THE_GIL = r"\boxed{10^{10^{10^{10}}}}"  # SymPy would compute 10**(10**(10**10)) in one C loop
+
+
+def test_an_answer_that_would_hold_the_gil_is_wrong_within_its_time_limit():
+    """In the rollout's worker threads nothing stops a C loop that holds the GIL: the whole trainer would wait
+    for it. In a process of its own (a script here, so that the old behaviour fails the test, not hangs it)."""
+    script = f"""
+import threading
+from posttrain.envs.arithmetic import ArithmeticEnv
+env = ArithmeticEnv(difficulty=1, num_train=10, num_eval=5)
+env.reset(options={{"task": env.tasks("eval")[0]}})
+steps = []
+worker = threading.Thread(target=lambda: steps.append(env.step({HOLDS_THE_GIL!r})), daemon=True)
+worker.start()
+worker.join(60)
+print(steps[0][1] if steps else "no answer within 60 s")
+"""
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "0.0", proc.stderr
+    assert time.monotonic() - start < 30
+    assert "Timeout" not in proc.stderr  # math-verify's warning: a timeout is a wrong answer, said nowhere
+
+
+def test_a_verifier_past_its_time_limit_is_killed_and_the_next_call_gets_a_new_one():
+    verifier = "posttrain.rewards.verifiable:math_verify_in_process"
+    assert isolated.call(verifier, r"\boxed{\frac{14}{2}}", "7") is True  # a child that has started
+    start = time.monotonic()
+    with pytest.raises(isolated.NoVerdict, match="did not answer within 1 s"):
+        isolated.call(verifier, r"\boxed{9^{9^{9}}}", "7", timeout=1.0)
+    assert time.monotonic() - start < 3
+    assert isolated.call(verifier, r"\boxed{\frac{14}{2}}", "7") is True
+    with pytest.raises(RuntimeError, match="failed: AttributeError"):
+        isolated.call("posttrain.rewards.verifiable:no_such_verifier", "7")

@@ -6,17 +6,27 @@ the items of any of its datasets, single-turn, and scores the answer with the da
 :func:`extract_answer`; when the dataset's answers are numbers, a sentence's final number). The held-out split is a second dataset drawn
 with another seed, with every question that also occurs in the training split removed, so the
 splits never share an item.
+
+Some of those verifiers read the answer with ``eval`` or SymPy's ``parse_expr`` (``countdown``,
+``puzzle24``), so the answer is scored in a sandboxed child process (:mod:`posttrain.rewards.isolated`):
+there ``__import__('os').system(...)`` meets a read-only filesystem without network, and an answer whose
+check never ends scores 0 when the child's time is up.
 """
 
 from __future__ import annotations
 
+import base64
 import difflib
+import functools
+import json
+import pickle
 import re
 from collections.abc import Sequence
 from typing import Any
 
 from posttrain.envs.base import Split, TextEnv
 from posttrain.envs.contract import EnvError
+from posttrain.rewards import isolated
 from posttrain.rewards.verifiable import extract_final_number, parse_number
 from posttrain.types import Task
 
@@ -63,15 +73,16 @@ class ReasoningGymEnv(TextEnv):
             held_out = reasoning_gym.create_dataset(dataset, size=eval_size, seed=seed + 1_000_003, **(config or {}))
         except (TypeError, ValueError, AssertionError) as e:
             raise EnvError(f"reasoning_gym dataset {dataset!r} with config {config or {}}: {e}") from None
-        self.name = dataset
-        self._entries: dict[str, tuple[Any, dict]] = {}
+        self.name, self.config = dataset, config or {}
+        self._entries: dict[str, tuple[tuple[int, int], dict]] = {}
         seen = set()
-        train_tasks = [self._task(train, "train", i, entry, seen) for i, entry in enumerate(train)]
-        eval_tasks = [self._task(held_out, "eval", i, entry, None) for i, entry in enumerate(held_out)]
+        train_tasks = [self._task((seed, size), "train", i, entry, seen) for i, entry in enumerate(train)]
+        eval_tasks = [self._task((seed + 1_000_003, eval_size), "eval", i, entry, None)
+                      for i, entry in enumerate(held_out)]
         self._splits: dict[str, Sequence[Task]] = {
             "train": train_tasks, "eval": [t for t in eval_tasks if t.prompt not in seen]}
 
-    def _task(self, source, split: Split, index: int, entry: dict, seen: set | None) -> Task:
+    def _task(self, source: tuple[int, int], split: Split, index: int, entry: dict, seen: set | None) -> Task:
         task = Task(id=f"{self.name}-{split}-{index}", prompt=entry["question"].strip() + INSTRUCTION,
                     answer=str(entry["answer"]), metadata={"dataset": self.name})
         self._entries[task.id] = (source, entry)
@@ -87,8 +98,28 @@ class ReasoningGymEnv(TextEnv):
             number = extract_final_number(action)
             if number is not None:
                 answer = str(number) if number.denominator != 1 else str(number.numerator)
+        seed, size = source
         try:
-            reward = float(source.score_answer(answer, entry))
-        except Exception:  # noqa: BLE001 - a verifier choking on untrusted text scores it 0
+            reward = isolated.call(f"{__name__}:score_in_child", self.name, seed, size, self.config,
+                                   base64.b64encode(pickle.dumps(entry)).decode(), answer, sandboxed=True)
+        except isolated.NoVerdict:
             reward = 0.0
         return reward, {"correct": reward >= 1.0, "parsed_answer": answer[:200]}
+
+
+@functools.lru_cache(maxsize=8)
+def _dataset(name: str, seed: int, size: int, config_json: str):
+    import reasoning_gym
+
+    return reasoning_gym.create_dataset(name, size=size, seed=seed, **json.loads(config_json))
+
+
+def score_in_child(name: str, seed: int, size: int, config: dict, entry: str, answer: str) -> float:
+    """The dataset's own ``score_answer`` on ``answer``, in :mod:`posttrain.rewards.isolated`'s child: the
+    dataset is built there as the env built it, the entry comes pickled from the env (as it was generated).
+    A verifier choking on untrusted text scores it 0."""
+    dataset = _dataset(name, seed, size, json.dumps(config, sort_keys=True))
+    try:
+        return float(dataset.score_answer(answer, pickle.loads(base64.b64decode(entry))))
+    except Exception:  # noqa: BLE001
+        return 0.0

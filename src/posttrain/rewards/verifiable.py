@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 from fractions import Fraction
+
+from posttrain.rewards import isolated
 
 _MAX_DIGITS = 100
 _NUMBER = r"-?\d[\d,]*(?:\.\d+)?"
@@ -60,9 +61,7 @@ def exact_match_reward(text: str, answer: int | float | str | Fraction) -> float
 # Text that a plain-number reading could misread: LaTeX commands, and fractions such as "3/4"
 # (whose last number, 4, is not the answer).
 _NOT_PLAIN = re.compile(r"\\|\d\s*/\s*\d")
-# math-verify's own timeouts use SIGALRM, which only the main thread may set; environments are
-# stepped in worker threads, whose time the rollout bounds instead (env.step_timeout). Long model
-# output is cut to its tail, where the final answer is, so that parsing stays short.
+# Long model output is cut to its tail, where the final answer is, so that parsing stays short.
 _MAX_VERIFY_CHARS = 2000
 
 
@@ -89,27 +88,34 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def _drop_timeout_warning(record: logging.LogRecord) -> bool:
-    return not record.getMessage().startswith("Timeout is disabled")
-
-
 def math_verify_equal(text: str, answer) -> bool:
     """math-verify's verdict: does the answer in ``text`` equal the gold ``answer``?
 
-    Off the main thread math-verify cannot time itself out (it uses signals) and warns so once; an
-    episode's env step is bounded by ``env.step_timeout`` there, so the warning only alarms users.
+    Asked in a child process (:mod:`posttrain.rewards.isolated`): SymPy evaluates what the model wrote,
+    and an answer such as ``\\boxed{10^{10^{10^{10}}}}`` would otherwise hold the trainer's GIL for good.
+    An answer whose check takes longer than the child's time limit is wrong.
     """
+    try:
+        return isolated.call(f"{__name__}:math_verify_in_process", text[-_MAX_VERIFY_CHARS:], str(answer))
+    except isolated.NoVerdict:
+        return False
+
+
+_VERIFY_TIMEOUT = 5  # math-verify's own limit, in seconds, for parsing each side and for the comparison
+
+
+def math_verify_in_process(text: str, gold: str) -> bool:
+    """math-verify's verdict in this process, with its own timeouts (SIGALRM: the main thread only).
+    Untrusted text: a parser's failure is a wrong answer. Called by :func:`math_verify_equal`'s child."""
     from math_verify import parse, verify
 
-    for name in ("math_verify.parser", "math_verify.grader"):
-        logger = logging.getLogger(name)
-        if _drop_timeout_warning not in logger.filters:
-            logger.addFilter(_drop_timeout_warning)
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    gold_text = str(answer)
-    gold = parse(gold_text if "$" in gold_text else f"${gold_text}$", parsing_timeout=timeout)
-    predicted = parse(text[-_MAX_VERIFY_CHARS:], parsing_timeout=timeout)
-    return bool(gold and predicted and verify(gold, predicted, timeout_seconds=timeout))
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # a timeout is a wrong answer, not a warning
+    try:
+        gold_parsed = parse(gold if "$" in gold else f"${gold}$", parsing_timeout=_VERIFY_TIMEOUT)
+        predicted = parse(text, parsing_timeout=_VERIFY_TIMEOUT)
+        return bool(gold_parsed and predicted and verify(gold_parsed, predicted, timeout_seconds=_VERIFY_TIMEOUT))
+    except Exception:  # noqa: BLE001 - MemoryError included: the child's address space is capped
+        return False
 
 
 def math_answer_correct(text: str, answer) -> bool:
@@ -118,10 +124,7 @@ def math_answer_correct(text: str, answer) -> bool:
     predicted = _plain_final_number(text)
     if expected is not None and predicted is not None:
         return predicted == expected
-    try:
-        return math_verify_equal(text, answer)
-    except Exception:  # noqa: BLE001 - untrusted text: a parser failure is a wrong answer, never a crash
-        return False
+    return math_verify_equal(text, answer)
 
 
 def math_answer_score(action: str, answer) -> tuple[float, dict]:

@@ -21,6 +21,8 @@ import warnings
 from pathlib import Path
 
 SERVER = Path(__file__).with_name("server.py")
+# The folder that holds the posttrain package (a checkout's src/, or site-packages).
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 class SandboxUnavailable(RuntimeError):
@@ -47,8 +49,8 @@ def find_bwrap() -> str:
     return path
 
 
-def bwrap_command(tmp_mb: int) -> tuple[list[str], str]:
-    """The command that starts an isolated fork server, and the server's scratch root."""
+def bwrap_prefix(tmp_mb: int) -> list[str]:
+    """bwrap and its options, to be followed by the command it runs isolated (see the module's docstring)."""
     cmd = [
         find_bwrap(),
         "--ro-bind", "/", "/",
@@ -66,7 +68,12 @@ def bwrap_command(tmp_mb: int) -> tuple[list[str], str]:
     else:
         # Without root, a user namespace is how bwrap gets the rights to build the others.
         cmd.append("--unshare-user")
-    return cmd + [sys.executable, "-I", str(SERVER), "isolated"], "/tmp"
+    return cmd
+
+
+def bwrap_command(tmp_mb: int) -> tuple[list[str], str]:
+    """The command that starts an isolated fork server, and the server's scratch root."""
+    return bwrap_prefix(tmp_mb) + [sys.executable, "-I", str(SERVER), "isolated"], "/tmp"
 
 
 def _hide_home() -> list[str]:
@@ -77,9 +84,9 @@ def _hide_home() -> list[str]:
 
 def _keep_readable(covered: Path) -> list[str]:
     """Read-only binds that bring back, inside a tmpfs mounted on ``covered``, what the server
-    needs from under it: the interpreter, the virtual environment and the server itself (a
+    needs from under it: the interpreter, the virtual environment and posttrain itself (a
     checkout or venv under /tmp, say)."""
-    needed = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), SERVER.parent.resolve()}
+    needed = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(), PACKAGE_ROOT}
     args: list[str] = []
     made: set[Path] = set()
     for path in sorted(p for p in needed if p.is_relative_to(covered) and p != covered):
