@@ -1,5 +1,7 @@
 """Tool-call parsing: ReAct text and JSON function calls; malformed output never raises."""
 
+import time
+
 import pytest
 
 from posttrain.rollout.tool_calls import FinalAnswer, Malformed, ToolCall, parse_json_call, parse_react
@@ -13,6 +15,8 @@ from posttrain.rollout.tool_calls import FinalAnswer, Malformed, ToolCall, parse
     ("Action: python\nAction Input: x = 2\nprint(x * 3)", ToolCall("python", "x = 2\nprint(x * 3)")),
     ("Thought: easy\nFinal Answer: 1776", FinalAnswer("1776")),
     ("Final Answer: 7\nAction: calculator\nAction Input: 1", FinalAnswer("7\nAction: calculator\nAction Input: 1")),
+    ("Action: calculator\n\n\t Action Input : 2 + 2", ToolCall("calculator", "2 + 2")),
+    ("Action: calculator\nAction Input: 1\n  Observation: 1\nAction Input: 2", ToolCall("calculator", "1")),
 ])
 def test_react_parses_calls_and_answers(text, expected):
     assert parse_react(text) == expected
@@ -57,3 +61,13 @@ def test_json_calls_parse(text, expected):
 def test_json_malformed_calls_say_what_is_wrong(text, message):
     parsed = parse_json_call(text)
     assert isinstance(parsed, Malformed) and message in parsed.message
+
+
+@pytest.mark.parametrize("parse", [parse_react, parse_json_call])
+def test_a_reply_of_blank_lines_is_parsed_at_once(parse):
+    """A parse holds the GIL, so a pattern that is quadratic in a reply's blank lines stalls every thread of the
+    trainer: before, parse_react took 39 s on 100,000 newlines and 92 s with an Action line before them."""
+    for reply in ["\n" * 100_000, "Action: calculator" + "\n" * 100_000, "```json\n{" + " " * 100_000 + "x"]:
+        start = time.monotonic()
+        assert isinstance(parse(reply), (Malformed, FinalAnswer))
+        assert time.monotonic() - start < 2

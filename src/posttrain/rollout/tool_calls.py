@@ -48,10 +48,11 @@ Parsed = ToolCall | FinalAnswer | Malformed
 
 _FINAL = re.compile(r"final answer\s*:\s*(.*)", re.IGNORECASE | re.DOTALL)
 _ACTION = re.compile(r"^[ \t]*action[ \t]*:[ \t]*(.*)$", re.IGNORECASE | re.MULTILINE)
-_ACTION_INPUT = re.compile(r"^\s*action input\s*:\s*(.*)", re.IGNORECASE | re.MULTILINE | re.DOTALL)
-_OBSERVATION = re.compile(r"^\s*observation\s*:", re.IGNORECASE | re.MULTILINE)
+# A line's own indent is [ \t]*, never \s*: from each of n blank lines \s* would run over all the others
+# (n^2 steps, in one call that holds the GIL: 40,000 newlines of a reply took 6 s).
+_ACTION_INPUT = re.compile(r"^[ \t]*action input[ \t]*:\s*(.*)", re.IGNORECASE | re.MULTILINE | re.DOTALL)
+_OBSERVATION = re.compile(r"^[ \t]*observation[ \t]*:", re.IGNORECASE | re.MULTILINE)
 _TAGGED = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
-_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
 
 REACT_HINT = "reply with 'Action: <tool name>' and 'Action Input: <input>' lines, or 'Final Answer: <answer>'"
 JSON_HINT = 'reply with {"name": <tool name>, "arguments": {...}} to call a tool, or with your answer as plain text'
@@ -86,9 +87,17 @@ def parse_react(text: str) -> Parsed:
     return ToolCall(name, raw)
 
 
+def _unfenced(text: str) -> str:
+    """``text`` without the Markdown fence around it (```json ... ```), if any."""
+    text = text.strip()
+    if text.startswith("```"):
+        text = text[3:].removeprefix("json")
+    return text.removesuffix("```").strip()
+
+
 def parse_json_call(text: str) -> Parsed:
     tagged = _TAGGED.search(text)
-    candidate = tagged.group(1).strip() if tagged else _FENCE.sub("", text.strip())
+    candidate = tagged.group(1).strip() if tagged else _unfenced(text)
     start = candidate.find("{")
     if start < 0:
         if tagged:
