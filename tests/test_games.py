@@ -12,6 +12,7 @@ from pettingzoo.utils.conversions import aec_to_parallel, turn_based_aec_to_para
 from posttrain.envs import is_multi_agent, make_env, registered
 from posttrain.envs.games.negotiation import Negotiation, fits, value_of
 from posttrain.envs.games.textarena_env import TextArenaGame
+from posttrain.rollout.multi_agent import as_aec
 
 MULTI_AGENT = [s.id for s in registered() if s.multi_agent]
 
@@ -33,6 +34,25 @@ def test_every_multi_agent_env_passes_parallel_api_test(env_id):
         assert env.observation_space(agent).character_set == frozenset(string.printable)
     train, held_out = env.tasks("train"), env.tasks("eval")
     assert train and held_out and not {t.id for t in train} & {t.id for t in held_out}
+
+
+HOSTILE_REPLIES = ["", "\x00\ud800", "Answer: " + "9" * 5000, "1 2 " + "3" * 5000, "\\boxed{" * 500, "x" * 100_000,
+                   "```python\nimport os\nos._exit(0)\n```", "assert " + "(" * 300]
+
+
+@pytest.mark.parametrize("env_id", MULTI_AGENT)
+def test_any_reply_is_a_move_never_an_error(env_id):
+    """An unparsable or illegal reply loses its turn; none may raise (a raise ends the game as an error,
+    which is not trained on). Before: a 5,000-digit number raised int()'s ValueError in tictactoe and
+    negotiation."""
+    for reply in HOSTILE_REPLIES:
+        env = as_aec(make_env(env_id))
+        env.reset(options={"task": env.unwrapped.tasks("train")[0]})
+        for _ in range(8):
+            if not env.agents:
+                break
+            done = env.terminations[env.agent_selection] or env.truncations[env.agent_selection]
+            env.step(None if done else reply)
 
 
 def test_textarena_tictactoe_passes_the_api_test_and_keeps_global_random():

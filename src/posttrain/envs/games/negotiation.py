@@ -102,8 +102,10 @@ class Negotiation(SeededTextSpaces, ParallelEnv):
         return observations, rewards, done, truncated, infos
 
     def parse(self, text: str) -> tuple[int, ...] | None:
-        numbers = [int(n) for n in _NUMBER.findall(text)[: len(ITEMS)]]
-        return tuple(numbers) if len(numbers) == len(ITEMS) else None
+        found = _NUMBER.findall(text)[: len(ITEMS)]
+        if len(found) < len(ITEMS) or any(len(n) > 9 for n in found):  # thousands of digits: more than int() takes
+            return None
+        return tuple(int(n) for n in found)
 
     def render(self) -> str:
         return f"pool {self.pool}, values {self.values}, round {self.round}"

@@ -43,7 +43,8 @@ class TicTacToe(TextGame):
 
     def parse(self, agent: str, text: str) -> int | None:
         found = _NUMBER.search(text)
-        return int(found.group()) if found else None
+        # A number of thousands of digits is no cell, and more than int() takes from a string.
+        return int(found.group()) if found and len(found.group()) <= 9 else None
 
     def legal_moves(self, agent: str) -> list[int]:
         return [i for i, c in enumerate(self.board) if c == " "]
