@@ -79,7 +79,11 @@ class Policy:
             if cfg.lora.enabled:
                 model = apply_lora(model, cfg.lora)
         if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # transformers 5.2x renamed it activation checkpointing; the old name goes in v6.
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
         return cls(model, tokenizer, cfg, need_reference, sampler_dtype)
 
