@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
 from transformers import PreTrainedModel
 
 from posttrain.config import ConfigError, LoraConfig
+
+# peft reads model.is_gradient_checkpointing whenever it wraps a model, a name transformers 5.2x deprecated
+# (a FutureWarning on every LoRA run that only peft can act on).
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 def apply_lora(model: PreTrainedModel, cfg: LoraConfig) -> PeftModel:
