@@ -4,6 +4,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -121,6 +123,20 @@ def test_reasoning_gym_verifiers_that_eval_the_answer_run_it_sandboxed(tmp_path)
     assert not written.exists() and reward < 1.0 and not info["correct"]
     env.reset(options={"task": task})
     assert env.step(f"Answer: {task.answer}")[1] == 1.0
+
+
+def test_reasoning_gym_answers_scored_from_short_lived_threads_keep_their_sandbox():
+    """The rollout steps envs in threads that end with the step; bwrap's --die-with-parent follows the thread
+    that started it, which killed the sandboxed verifier after each step (the next answers then scored 0)."""
+    env = make_env("reasoning_gym", {"dataset": "countdown", "size": 20, "eval_size": 5})
+    tasks = env.tasks("train")[:4]
+    scores = []
+    for task in tasks:  # one after another, each from a thread of its own that ends
+        worker = threading.Thread(target=lambda t=task: scores.append(env.score(t, f"Answer: {t.answer}")[0]))
+        worker.start()
+        worker.join()
+        time.sleep(0.2)  # time for a death signal to arrive
+    assert scores == [1.0] * len(tasks)
 
 
 def test_reasoning_gym_unknown_dataset_is_a_clear_error(tmp_path):

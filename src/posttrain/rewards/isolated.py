@@ -28,7 +28,6 @@ import importlib
 import json
 import os
 import resource
-import select
 import signal
 import subprocess
 import sys
@@ -36,7 +35,10 @@ import tempfile
 import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from posttrain.sandbox.json_lines import JsonLineReader
 
 # The time a child has to answer (math-verify's own limits inside it are 5 s apiece for parsing each
 # side and for the comparison).
@@ -68,10 +70,10 @@ def serve() -> None:
         request = json.loads(line)
         try:
             module, name = request["function"].split(":")
-            reply = {"value": getattr(importlib.import_module(module), name)(*request["args"])}
+            reply = json.dumps({"value": getattr(importlib.import_module(module), name)(*request["args"])})
         except Exception as e:  # noqa: BLE001 - reported to the caller, which raises it
-            reply = {"error": f"{type(e).__name__}: {e}"}
-        print(json.dumps(reply), file=replies, flush=True)
+            reply = json.dumps({"error": f"{type(e).__name__}: {e}"})
+        print(reply, file=replies, flush=True)
 
 
 def _command(sandboxed: bool) -> list[str]:
@@ -100,21 +102,7 @@ class _Child:
         self.proc = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": path}, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, start_new_session=True)
         self.calls = 0
-        self._buffer = b""
-
-    def _read(self, deadline: float) -> dict | None:
-        """The next JSON line, or None when the child ended or missed ``deadline``."""
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return None
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return None
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
+        self._lines = JsonLineReader(self.proc.stdout.fileno())
 
     def ask(self, request: dict, timeout: float) -> dict | None:
         """The child's reply, or None when it ended or missed ``timeout`` (plus :data:`START_TIMEOUT` on its
@@ -125,7 +113,7 @@ class _Child:
         except OSError:  # it ended
             return None
         self.calls += 1
-        return self._read(time.monotonic() + timeout + (START_TIMEOUT if self.calls == 1 else 0.0))
+        return self._lines.read(time.monotonic() + timeout + (START_TIMEOUT if self.calls == 1 else 0.0))
 
     def last_words(self) -> str:
         self.log.seek(0)
@@ -152,6 +140,9 @@ class _Pool:
         self.lock = threading.Lock()
         self.slots = threading.BoundedSemaphore(MAX_CHILDREN)
         self.command: list[str] | None = None
+        # bwrap's --die-with-parent fires when the *thread* that started it ends, and callers are the rollout's
+        # short-lived env threads: children are started from this one long-lived thread instead.
+        self.spawner = ThreadPoolExecutor(1, thread_name_prefix="verifier-spawner")
         atexit.register(self.close)
 
     def close(self) -> None:
@@ -168,7 +159,7 @@ class _Pool:
             with self.lock:
                 if self.command is None:
                     self.command = _command(self.sandboxed)
-                child = self.idle.pop() if self.idle else _Child(self.command)
+                child = self.idle.pop() if self.idle else self.spawner.submit(_Child, self.command).result()
             try:
                 reply = child.ask(request, timeout)
             except BaseException:  # the caller gave up on it (the rollout's step timeout): so does the pool

@@ -13,7 +13,6 @@ import atexit
 import json
 import os
 import queue
-import select
 import signal
 import subprocess
 import tempfile
@@ -24,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 from posttrain.sandbox.backends import SandboxUnavailable, bwrap_command, rlimit_command
+from posttrain.sandbox.json_lines import JsonLineReader
 from posttrain.sandbox.result import ExecResult, Limits
 
 Backend = Literal["bwrap", "rlimit"]
@@ -42,26 +42,12 @@ class _Worker:
         self._log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                      start_new_session=True)
-        self._buffer = b""
-        if self._read_line(time.monotonic() + START_TIMEOUT) != {"ready": True}:
+        self._lines = JsonLineReader(self.proc.stdout.fileno())
+        if self._lines.read(time.monotonic() + START_TIMEOUT) != {"ready": True}:
             self._log.seek(0)
             log = self._log.read().decode(errors="replace").strip()[-2000:]
             self.close()
             raise SandboxUnavailable(f"sandbox worker {index} did not start: {log}")
-
-    def _read_line(self, deadline: float) -> dict | None:
-        """The next JSON line from the server, or None if it died or missed the deadline."""
-        fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                return None
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                return None
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return json.loads(line)
 
     def run(self, code: str, limits: Limits) -> dict | None:
         request = {**limits.request(), "code": code, "uid": self.uid, "tmp_root": self.tmp_root}
@@ -70,7 +56,7 @@ class _Worker:
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             return None
-        return self._read_line(time.monotonic() + limits.timeout + ANSWER_MARGIN)
+        return self._lines.read(time.monotonic() + limits.timeout + ANSWER_MARGIN)
 
     def close(self) -> None:
         if self.proc.poll() is None:
