@@ -10,7 +10,13 @@ import pytest
 from posttrain.envs.arithmetic import ArithmeticEnv
 from posttrain.envs.tool_math import ToolMathEnv
 from posttrain.rewards import isolated
-from posttrain.rewards.verifiable import exact_match_reward, last_boxed, math_answer_correct, math_verify_equal
+from posttrain.rewards.verifiable import (
+    exact_match_reward,
+    last_boxed,
+    math_answer_correct,
+    math_answer_score,
+    math_verify_equal,
+)
 
 
 @pytest.mark.parametrize("text, answer, correct", [
@@ -100,3 +106,11 @@ def test_a_verifier_past_its_time_limit_is_killed_and_the_next_call_gets_a_new_o
     assert isolated.call(verifier, r"\boxed{\frac{14}{2}}", "7") is True
     with pytest.raises(RuntimeError, match="failed: AttributeError"):
         isolated.call("posttrain.rewards.verifiable:no_such_verifier", "7")
+
+
+def test_an_answer_without_a_verdict_is_wrong_and_counted(monkeypatch):
+    reward, info = math_answer_score(r"\boxed{\frac{14}{2}}", 7)
+    assert (reward, info["correct"], "metrics" in info) == (1.0, True, False)
+    monkeypatch.setattr(isolated, "ANSWER_TIMEOUT", 1.0)  # the child is killed before math-verify's own 5 s
+    reward, info = math_answer_score(r"\boxed{9^{9^{9}}}", 7)
+    assert (reward, info["correct"], info["metrics"]) == (0.0, False, {"unverified_answers": 1.0})

@@ -99,12 +99,13 @@ class ReasoningGymEnv(TextEnv):
             if number is not None:
                 answer = str(number) if number.denominator != 1 else str(number.numerator)
         seed, size = source
+        info: dict[str, Any] = {"parsed_answer": answer[:200]}
         try:
             reward = isolated.call(f"{__name__}:score_in_child", self.name, seed, size, self.config,
                                    base64.b64encode(pickle.dumps(entry)).decode(), answer, sandboxed=True)
-        except isolated.NoVerdict:
-            reward = 0.0
-        return reward, {"correct": reward >= 1.0, "parsed_answer": answer[:200]}
+        except isolated.NoVerdict:  # a wrong answer, counted
+            reward, info["metrics"] = 0.0, {"unverified_answers": 1.0}
+        return reward, {"correct": reward >= 1.0, **info}
 
 
 @functools.lru_cache(maxsize=8)

@@ -183,12 +183,13 @@ _pools: dict[bool, _Pool] = {}
 _pools_lock = threading.Lock()
 
 
-def call(function: str, *args: Any, sandboxed: bool = False, timeout: float = ANSWER_TIMEOUT) -> Any:
+def call(function: str, *args: Any, sandboxed: bool = False, timeout: float | None = None) -> Any:
     """``function`` (``"package.module:name"``) called with ``args`` (JSON values) in a child process, and
-    its JSON value. Raises :class:`NoVerdict` when it takes longer than ``timeout`` seconds or its process
-    dies on these arguments, and RuntimeError when the function raises or its process cannot start."""
+    its JSON value. Raises :class:`NoVerdict` when it takes longer than ``timeout`` seconds (default
+    :data:`ANSWER_TIMEOUT`) or its process dies on these arguments, and RuntimeError when the function raises
+    or its process cannot start."""
     with _pools_lock:
         pool = _pools.get(sandboxed)
         if pool is None or pool.pid != os.getpid():  # a forked process starts its own children
             pool = _pools[sandboxed] = _Pool(sandboxed)
-    return pool.call({"function": function, "args": list(args)}, timeout)
+    return pool.call({"function": function, "args": list(args)}, ANSWER_TIMEOUT if timeout is None else timeout)

@@ -93,12 +93,9 @@ def math_verify_equal(text: str, answer) -> bool:
 
     Asked in a child process (:mod:`posttrain.rewards.isolated`): SymPy evaluates what the model wrote,
     and an answer such as ``\\boxed{10^{10^{10^{10}}}}`` would otherwise hold the trainer's GIL for good.
-    An answer whose check takes longer than the child's time limit is wrong.
+    Raises :class:`~posttrain.rewards.isolated.NoVerdict` when the check gave none (its time limit).
     """
-    try:
-        return isolated.call(f"{__name__}:math_verify_in_process", text[-_MAX_VERIFY_CHARS:], str(answer))
-    except isolated.NoVerdict:
-        return False
+    return isolated.call(f"{__name__}:math_verify_in_process", text[-_MAX_VERIFY_CHARS:], str(answer))
 
 
 _VERIFY_TIMEOUT = 5  # math-verify's own limit, in seconds, for parsing each side and for the comparison
@@ -119,7 +116,8 @@ def math_verify_in_process(text: str, gold: str) -> bool:
 
 
 def math_answer_correct(text: str, answer) -> bool:
-    """True when the final answer of ``text`` equals ``answer``: exact for plain numbers, else math-verify."""
+    """True when the final answer of ``text`` equals ``answer``: exact for plain numbers, else math-verify
+    (:func:`math_verify_equal`, which may raise NoVerdict)."""
     expected = answer if isinstance(answer, Fraction) else parse_number(str(answer))
     predicted = _plain_final_number(text)
     if expected is not None and predicted is not None:
@@ -128,7 +126,11 @@ def math_answer_correct(text: str, answer) -> bool:
 
 
 def math_answer_score(action: str, answer) -> tuple[float, dict]:
-    """Reward 1 when the final answer equals ``answer`` (:func:`math_answer_correct`), with info."""
-    correct = math_answer_correct(action, answer)
+    """Reward 1 when the final answer equals ``answer`` (:func:`math_answer_correct`), with info. An answer
+    whose check gave no verdict is wrong, and counted in the ``unverified_answers`` metric."""
+    try:
+        correct, metrics = math_answer_correct(action, answer), {}
+    except isolated.NoVerdict:
+        correct, metrics = False, {"metrics": {"unverified_answers": 1.0}}
     parsed = extract_final_number(action)
-    return float(correct), {"correct": correct, "parsed_answer": None if parsed is None else str(parsed)}
+    return float(correct), {"correct": correct, "parsed_answer": None if parsed is None else str(parsed), **metrics}
