@@ -110,7 +110,7 @@ def test_a_verifier_past_its_time_limit_is_killed_and_the_next_call_gets_a_new_o
 
 def test_an_answer_without_a_verdict_is_wrong_and_counted(monkeypatch):
     reward, info = math_answer_score(r"\boxed{\frac{14}{2}}", 7)
-    assert (reward, info["correct"], "metrics" in info) == (1.0, True, False)
+    assert (reward, info["correct"], info["parsed_answer"], "metrics" in info) == (1.0, True, r"\frac{14}{2}", False)
     monkeypatch.setattr(isolated, "ANSWER_TIMEOUT", 1.0)  # the child is killed before math-verify's own 5 s
     reward, info = math_answer_score(r"\boxed{9^{9^{9}}}", 7)
     assert (reward, info["correct"], info["metrics"]) == (0.0, False, {"unverified_answers": 1.0})

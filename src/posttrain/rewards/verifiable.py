@@ -132,5 +132,7 @@ def math_answer_score(action: str, answer) -> tuple[float, dict]:
         correct, metrics = math_answer_correct(action, answer), {}
     except isolated.NoVerdict:
         correct, metrics = False, {"metrics": {"unverified_answers": 1.0}}
-    parsed = extract_final_number(action)
-    return float(correct), {"correct": correct, "parsed_answer": None if parsed is None else str(parsed), **metrics}
+    # What was compared: the last \boxed{} as written (\frac{3}{4}, not its last number), else the final number.
+    boxed, number = last_boxed(action), extract_final_number(action)
+    parsed = boxed.strip()[:200] if boxed is not None else None if number is None else str(number)
+    return float(correct), {"correct": correct, "parsed_answer": parsed, **metrics}
