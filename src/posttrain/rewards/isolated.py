@@ -60,10 +60,13 @@ class NoVerdict(Exception):
 def serve() -> None:
     """The child's loop: ``{"function": "module:name", "args": [...]}`` lines in, ``{"value": ...}`` or
     ``{"error": ...}`` lines out, until stdin closes."""
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
-    # Its log is a file: past LOG_BYTES a write fails (EFBIG) instead of filling the disk or killing it.
-    resource.setrlimit(resource.RLIMIT_FSIZE, (LOG_BYTES, LOG_BYTES))
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
+        # Its log is a file: past LOG_BYTES a write fails (EFBIG) instead of filling the disk or killing it.
+        resource.setrlimit(resource.RLIMIT_FSIZE, (LOG_BYTES, LOG_BYTES))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    except (ValueError, OSError):  # a system that refuses a limit (macOS, on RLIMIT_AS): the time limit stays
+        pass
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # whatever a verifier prints goes to stderr, not into the replies
     for line in sys.stdin:
