@@ -16,6 +16,7 @@ from posttrain.data.store import TrajectoryStore
 from posttrain.envs import EnvError, make_env
 from posttrain.envs.contract import as_messages, env_tasks, is_seed_task
 from posttrain.envs.reasoning_gym_env import extract_answer
+from posttrain.rewards import isolated
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,6 +138,21 @@ def test_reasoning_gym_answers_scored_from_short_lived_threads_keep_their_sandbo
         worker.join()
         time.sleep(0.2)  # time for a death signal to arrive
     assert scores == [1.0] * len(tasks)
+
+
+def test_reasoning_gym_without_a_working_sandbox_says_how_to_run_without_it(monkeypatch):
+    monkeypatch.setattr(isolated, "_pools", {})  # children started from here on see the broken bwrap
+    monkeypatch.setenv("POSTTRAIN_BWRAP", "/bin/false")  # a bubblewrap that cannot run (no user namespaces, say)
+    env = make_env("reasoning_gym", {"dataset": "countdown", "size": 20, "eval_size": 5})
+    task = env.tasks("train")[0]
+    env.reset(options={"task": task})
+    with pytest.raises(RuntimeError, match="exit status 1.*backend: rlimit in the env's kwargs runs it without"):
+        env.step(f"Answer: {task.answer}")
+    env = make_env("reasoning_gym", {"dataset": "countdown", "size": 20, "eval_size": 5, "backend": "rlimit"})
+    env.reset(options={"task": task})
+    assert env.step(f"Answer: {task.answer}")[1] == 1.0
+    with pytest.raises(EnvError, match="backend must be 'bwrap' or 'rlimit', got 'docker'"):
+        make_env("reasoning_gym", {"dataset": "countdown", "backend": "docker"})
 
 
 def test_reasoning_gym_unknown_dataset_is_a_clear_error(tmp_path):

@@ -28,6 +28,7 @@ from posttrain.envs.base import Split, TextEnv
 from posttrain.envs.contract import EnvError
 from posttrain.rewards import isolated
 from posttrain.rewards.verifiable import extract_final_number, parse_number
+from posttrain.sandbox import SandboxUnavailable
 from posttrain.types import Task
 
 INSTRUCTION = "\n\nThink briefly, then give only the final answer on the last line, after 'Answer:'."
@@ -52,12 +53,17 @@ class ReasoningGymEnv(TextEnv):
     """One reasoning-gym dataset; ``size`` training items and ``eval_size`` held-out ones.
 
     ``config`` holds the dataset's own options (its difficulty ranges, for example), passed to
-    ``reasoning_gym.create_dataset``.
+    ``reasoning_gym.create_dataset``. ``backend``: where the verifier reads answers, ``"bwrap"`` (the
+    sandbox) or ``"rlimit"`` (a plain child process: time and memory limits only, for machines where
+    bubblewrap cannot run).
     """
 
     def __init__(self, dataset: str, size: int = 1000, eval_size: int = 200, seed: int = 0,
-                 config: dict[str, Any] | None = None):
+                 config: dict[str, Any] | None = None, backend: str = "bwrap"):
         super().__init__()
+        if backend not in ("bwrap", "rlimit"):
+            raise EnvError(f"reasoning_gym backend must be 'bwrap' or 'rlimit', got {backend!r}")
+        self.backend = backend
         try:
             import reasoning_gym
             from reasoning_gym.factory import DATASETS
@@ -102,9 +108,15 @@ class ReasoningGymEnv(TextEnv):
         info: dict[str, Any] = {"parsed_answer": answer[:200]}
         try:
             reward = isolated.call(f"{__name__}:score_in_child", self.name, seed, size, self.config,
-                                   base64.b64encode(pickle.dumps(entry)).decode(), answer, sandboxed=True)
+                                   base64.b64encode(pickle.dumps(entry)).decode(), answer,
+                                   sandboxed=self.backend == "bwrap")
         except isolated.NoVerdict:  # a wrong answer, counted
             reward, info["metrics"] = 0.0, {"unverified_answers": 1.0}
+        except (SandboxUnavailable, isolated.CannotStart) as e:
+            if self.backend != "bwrap":
+                raise
+            raise RuntimeError(f"the sandbox of reasoning_gym's verifier: {e}; backend: rlimit in the env's kwargs "
+                               "runs it without bubblewrap (time and memory limits, no filesystem isolation)") from None
         return reward, {"correct": reward >= 1.0, **info}
 
 

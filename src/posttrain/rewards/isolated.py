@@ -15,9 +15,8 @@ line in, one out, in the child's main thread (so math-verify's own timeouts work
 space capped at :data:`MEMORY_BYTES`. A child that misses ``timeout`` is killed, and one that dies on an
 answer is gone (:class:`NoVerdict`; the callers count the answer wrong); the next call starts another.
 ``sandboxed`` children run in bubblewrap as the code sandbox's programs do (:mod:`posttrain.sandbox.backends`:
-a read-only filesystem, no network, root's home hidden, no capabilities); where bubblewrap is not
-installed (not Linux), they run as plain processes, with a warning, and where it is but cannot start, the
-first call says so. At most :data:`MAX_CHILDREN` of a kind run at once; idle
+a read-only filesystem, no network, root's home hidden, no capabilities); where bubblewrap is missing or
+cannot run, the first call raises :class:`~posttrain.sandbox.SandboxUnavailable` or :class:`CannotStart`. At most :data:`MAX_CHILDREN` of a kind run at once; idle
 ones are kept for the next call and end with the trainer (their stdin closes).
 """
 
@@ -34,7 +33,6 @@ import sys
 import tempfile
 import threading
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -50,6 +48,10 @@ MEMORY_BYTES = 4 << 30
 MAX_CHILDREN = max(1, min(4, os.cpu_count() or 1))
 SANDBOX_TMP_MB = 64
 _CHILD_MAIN = "from posttrain.rewards.isolated import serve; serve()"
+
+
+class CannotStart(RuntimeError):
+    """The child ended before its first answer: the set-up's fault (bubblewrap that cannot run here, say)."""
 
 
 class NoVerdict(Exception):
@@ -80,17 +82,13 @@ def serve() -> None:
 
 
 def _command(sandboxed: bool) -> list[str]:
-    from posttrain.sandbox.backends import PACKAGE_ROOT, SandboxUnavailable, bwrap_prefix
+    from posttrain.sandbox.backends import PACKAGE_ROOT, bwrap_prefix
 
     python = [sys.executable, "-c", _CHILD_MAIN]
-    if sandboxed:
-        try:
-            prefix = bwrap_prefix(SANDBOX_TMP_MB) + ["--setenv", "PYTHONPATH", str(PACKAGE_ROOT)]
-            return prefix + (["--cap-drop", "ALL"] if os.geteuid() == 0 else []) + python
-        except SandboxUnavailable as e:
-            warnings.warn(f"verifiers that read answers with eval run unsandboxed here: {e}", RuntimeWarning,
-                          stacklevel=4)
-    return python
+    if not sandboxed:
+        return python
+    prefix = bwrap_prefix(SANDBOX_TMP_MB) + ["--setenv", "PYTHONPATH", str(PACKAGE_ROOT)]
+    return prefix + (["--cap-drop", "ALL"] if os.geteuid() == 0 else []) + python
 
 
 class _Child:
@@ -102,8 +100,12 @@ class _Child:
 
         path = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
         self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": path}, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": path}, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=self.log, start_new_session=True)
+        except OSError as e:  # no such program
+            self.log.close()
+            raise CannotStart(f"cannot run {command[0]}: {e.strerror}") from None
         self.calls = 0
         self._lines = JsonLineReader(self.proc.stdout.fileno())
 
@@ -114,9 +116,20 @@ class _Child:
             self.proc.stdin.write(json.dumps(request).encode() + b"\n")
             self.proc.stdin.flush()
         except OSError:  # it ended
+            self._lines.ended = True
             return None
         self.calls += 1
         return self._lines.read(time.monotonic() + timeout + (START_TIMEOUT if self.calls == 1 else 0.0))
+
+    def exit_status(self) -> int | None:
+        """Its exit status once it has ended, None while it runs (it missed its time limit). An ended pipe
+        comes a moment before the exit status can be read: that moment is waited for."""
+        if self._lines.ended:
+            try:
+                return self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        return self.proc.poll()
 
     def last_words(self) -> str:
         self.log.seek(0)
@@ -130,7 +143,10 @@ class _Child:
             pass
         self.proc.wait()
         for file in (self.proc.stdin, self.proc.stdout, self.log):
-            file.close()
+            try:
+                file.close()
+            except OSError:  # what was left to flush into a pipe that no one reads any more
+                pass
 
 
 class _Pool:
@@ -169,12 +185,12 @@ class _Pool:
                 child.close()
                 raise
             if reply is None:
-                ended = child.proc.poll()
+                ended = child.exit_status()
                 what = (f"{request['function']} did not answer within {timeout:g} s" if ended is None else
                         f"the process of {request['function']} ended (exit status {ended}): {child.last_words()}")
                 child.close()
                 # A death on the first call is the set-up's (it cannot start); a later one, the answer's doing.
-                raise NoVerdict(what) if ended is None or child.calls > 1 else RuntimeError(what)
+                raise NoVerdict(what) if ended is None or child.calls > 1 else CannotStart(what)
             with self.lock:
                 self.idle.append(child)
         if "error" in reply:
@@ -189,8 +205,8 @@ _pools_lock = threading.Lock()
 def call(function: str, *args: Any, sandboxed: bool = False, timeout: float | None = None) -> Any:
     """``function`` (``"package.module:name"``) called with ``args`` (JSON values) in a child process, and
     its JSON value. Raises :class:`NoVerdict` when it takes longer than ``timeout`` seconds (default
-    :data:`ANSWER_TIMEOUT`) or its process dies on these arguments, and RuntimeError when the function raises
-    or its process cannot start."""
+    :data:`ANSWER_TIMEOUT`) or its process dies on these arguments, :class:`CannotStart` when its process
+    ends before a first answer, and RuntimeError when the function raises."""
     with _pools_lock:
         pool = _pools.get(sandboxed)
         if pool is None or pool.pid != os.getpid():  # a forked process starts its own children

@@ -14,6 +14,7 @@ class JsonLineReader:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self.ended = False  # the writer closed its end (it exited)
         self._buffer = b""
 
     def read(self, deadline: float) -> dict | None:
@@ -24,6 +25,7 @@ class JsonLineReader:
                 return None
             chunk = os.read(self.fd, 1 << 16)
             if not chunk:
+                self.ended = True
                 return None
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
