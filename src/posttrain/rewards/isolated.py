@@ -16,8 +16,9 @@ space capped at :data:`MEMORY_BYTES`. A child that misses ``timeout`` is killed,
 answer is gone (:class:`NoVerdict`; the callers count the answer wrong); the next call starts another.
 ``sandboxed`` children run in bubblewrap as the code sandbox's programs do (:mod:`posttrain.sandbox.backends`:
 a read-only filesystem, no network, root's home hidden, no capabilities); where bubblewrap is missing or
-cannot run, the first call raises :class:`~posttrain.sandbox.SandboxUnavailable` or :class:`CannotStart`. At most :data:`MAX_CHILDREN` of a kind run at once; idle
-ones are kept for the next call and end with the trainer (their stdin closes).
+cannot run, the first call raises :class:`~posttrain.sandbox.SandboxUnavailable` or :class:`CannotStart`.
+At most :data:`MAX_CHILDREN` of a kind run at once; idle ones are kept for the next call and end with the
+trainer (their stdin closes).
 """
 
 from __future__ import annotations
@@ -106,20 +107,21 @@ class _Child:
         except OSError as e:  # no such program
             self.log.close()
             raise CannotStart(f"cannot run {command[0]}: {e.strerror}") from None
-        self.calls = 0
+        self.answers = 0
         self._lines = JsonLineReader(self.proc.stdout.fileno())
 
     def ask(self, request: dict, timeout: float) -> dict | None:
-        """The child's reply, or None when it ended or missed ``timeout`` (plus :data:`START_TIMEOUT` on its
-        first call, which imports the verifier and builds what it needs)."""
+        """The child's reply, or None when it ended or missed ``timeout`` (plus :data:`START_TIMEOUT` until its
+        first answer, which imports the verifier and builds what it needs)."""
         try:
             self.proc.stdin.write(json.dumps(request).encode() + b"\n")
             self.proc.stdin.flush()
         except OSError:  # it ended
             self._lines.ended = True
             return None
-        self.calls += 1
-        return self._lines.read(time.monotonic() + timeout + (START_TIMEOUT if self.calls == 1 else 0.0))
+        reply = self._lines.read(time.monotonic() + timeout + (0.0 if self.answers else START_TIMEOUT))
+        self.answers += reply is not None
+        return reply
 
     def exit_status(self) -> int | None:
         """Its exit status once it has ended, None while it runs (it missed its time limit). An ended pipe
@@ -189,8 +191,8 @@ class _Pool:
                 what = (f"{request['function']} did not answer within {timeout:g} s" if ended is None else
                         f"the process of {request['function']} ended (exit status {ended}): {child.last_words()}")
                 child.close()
-                # A death on the first call is the set-up's (it cannot start); a later one, the answer's doing.
-                raise NoVerdict(what) if ended is None or child.calls > 1 else CannotStart(what)
+                # A death before any answer is the set-up's (it cannot start); a later one, the answer's doing.
+                raise NoVerdict(what) if ended is None or child.answers else CannotStart(what)
             with self.lock:
                 self.idle.append(child)
         if "error" in reply:
