@@ -114,3 +114,11 @@ def test_an_answer_without_a_verdict_is_wrong_and_counted(monkeypatch):
     monkeypatch.setattr(isolated, "ANSWER_TIMEOUT", 1.0)  # the child is killed before math-verify's own 5 s
     reward, info = math_answer_score(r"\boxed{9^{9^{9}}}", 7)
     assert (reward, info["correct"], info["metrics"]) == (0.0, False, {"unverified_answers": 1.0})
+
+
+def test_a_module_in_the_working_directory_does_not_shadow_the_verifiers(tmp_path, monkeypatch):
+    """``python -c`` puts its working directory first on sys.path: a project's own sympy.py, say."""
+    (tmp_path / "sympy.py").write_text("raise SystemExit('the project folder shadowed sympy')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(isolated, "_pools", {})  # a child started from here
+    assert math_answer_correct(r"\boxed{\frac{14}{2}}", 7) is True

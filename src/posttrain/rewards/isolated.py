@@ -102,8 +102,11 @@ class _Child:
         path = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
         self.log = tempfile.TemporaryFile()
         try:
-            self.proc = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": path}, stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=self.log, start_new_session=True)
+            # Started in posttrain's own folder: ``python -c`` puts its working directory first on sys.path,
+            # and the trainer's may hold a module that shadows one the verifier imports.
+            self.proc = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": path}, cwd=PACKAGE_ROOT,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                         start_new_session=True)
         except OSError as e:  # no such program
             self.log.close()
             raise CannotStart(f"cannot run {command[0]}: {e.strerror}") from None
