@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
@@ -11,9 +12,14 @@ from transformers import PreTrainedModel
 
 from posttrain.config import ConfigError, LoraConfig
 
-# peft reads model.is_gradient_checkpointing whenever it wraps a model, a name transformers 5.2x deprecated
-# (a FutureWarning on every LoRA run that only peft can act on).
-warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+
+@contextlib.contextmanager
+def peft_quietly():
+    """peft reads model.is_gradient_checkpointing whenever it wraps a model, a name transformers 5.2x deprecated:
+    a FutureWarning on every LoRA run that only peft can act on, silenced where peft wraps ours."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
 
 
 def apply_lora(model: PreTrainedModel, cfg: LoraConfig) -> PeftModel:
@@ -32,7 +38,8 @@ def apply_lora(model: PreTrainedModel, cfg: LoraConfig) -> PeftModel:
         target_modules=list(cfg.target_modules),
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, peft_cfg)
+    with peft_quietly():
+        return get_peft_model(model, peft_cfg)
 
 
 def merged_weights(model) -> list[tuple[str, torch.Tensor]]:

@@ -15,7 +15,7 @@ from posttrain.models.attention import use_posttrain_attention
 from posttrain.models.device import autocast_dtype, resolve_device, uses_packed_weights
 from posttrain.models.loading import ModelLoadError, describe_error, load_model, load_tokenizer
 from posttrain.models.logprobs import TokenOutputs, policy_forward, token_logprobs
-from posttrain.models.lora import apply_lora
+from posttrain.models.lora import apply_lora, peft_quietly
 from posttrain.models.onednn_linear import onednn_training
 from posttrain.models.train_elementwise import use_fused_norm_mlp
 from posttrain.models.packed_linear import pack_frozen_linears
@@ -67,7 +67,8 @@ class Policy:
             if (path / "adapter_config.json").is_file():
                 base = load_model(cfg.name, cfg.dtype)
                 try:
-                    model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
+                    with peft_quietly():
+                        model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
                 except Exception as e:  # noqa: BLE001 - truncated or garbage adapter files raise many types
                     raise ModelLoadError(f"cannot load the LoRA adapters in {path}: {describe_error(e)}") from None
             else:
