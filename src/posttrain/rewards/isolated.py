@@ -37,6 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from posttrain.sandbox.backends import PACKAGE_ROOT, bwrap_prefix
 from posttrain.sandbox.json_lines import JsonLineReader
 
 # The time a child has to answer (math-verify's own limits inside it are 5 s apiece for parsing each
@@ -83,8 +84,6 @@ def serve() -> None:
 
 
 def _command(sandboxed: bool) -> list[str]:
-    from posttrain.sandbox.backends import PACKAGE_ROOT, bwrap_prefix
-
     python = [sys.executable, "-c", _CHILD_MAIN]
     if not sandboxed:
         return python
@@ -97,8 +96,6 @@ class _Child:
     it dies), capped at :data:`LOG_BYTES`."""
 
     def __init__(self, command: list[str]) -> None:
-        from posttrain.sandbox.backends import PACKAGE_ROOT
-
         path = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
         self.log = tempfile.TemporaryFile()
         try:
@@ -158,12 +155,11 @@ class _Pool:
     """The children of one kind in one process: idle ones are reused; at most :data:`MAX_CHILDREN` at once."""
 
     def __init__(self, sandboxed: bool) -> None:
-        self.sandboxed = sandboxed
+        self.command = _command(sandboxed)  # SandboxUnavailable where bwrap is missing: no pool is kept
         self.pid = os.getpid()
         self.idle: list[_Child] = []
         self.lock = threading.Lock()
         self.slots = threading.BoundedSemaphore(MAX_CHILDREN)
-        self.command: list[str] | None = None
         # bwrap's --die-with-parent fires when the *thread* that started it ends, and callers are the rollout's
         # short-lived env threads: children are started from this one long-lived thread instead.
         self.spawner = ThreadPoolExecutor(1, thread_name_prefix="verifier-spawner")
@@ -181,8 +177,6 @@ class _Pool:
     def call(self, request: dict, timeout: float) -> Any:
         with self.slots:
             with self.lock:
-                if self.command is None:
-                    self.command = _command(self.sandboxed)
                 child = self.idle.pop() if self.idle else self.spawner.submit(_Child, self.command).result()
             try:
                 reply = child.ask(request, timeout)

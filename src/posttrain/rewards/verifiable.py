@@ -133,6 +133,9 @@ def math_answer_score(action: str, answer) -> tuple[float, dict]:
     except isolated.NoVerdict:
         correct, metrics = False, {"metrics": {"unverified_answers": 1.0}}
     # What was compared: the last \boxed{} as written (\frac{3}{4}, not its last number), else the final number.
-    boxed, number = last_boxed(action), extract_final_number(action)
-    parsed = boxed.strip()[:200] if boxed is not None else None if number is None else str(number)
+    parsed = last_boxed(action)
+    if parsed is not None:
+        parsed = parsed.strip()[:200]
+    elif (number := extract_final_number(action)) is not None:
+        parsed = str(number)
     return float(correct), {"correct": correct, "parsed_answer": parsed, **metrics}
