@@ -1,6 +1,7 @@
 """The code environment: code extraction, test-fraction rewards in the sandbox, revisions, task sources."""
 
 import json
+import time
 
 import pytest
 
@@ -28,10 +29,32 @@ def env():
         ("Sure! Here it is:\ndef f(x):\n    return x + 1\nThis adds one.", "def f(x):\n    return x + 1"),
         ("    return x + 1\n", "    return x + 1\n"),  # a bare body, for header completion
         ("```\ndef f(x):\n    return 3\n```", "def f(x):\n    return 3\n"),  # fence without a language
+        ("def f(x):\n    return x\nnums = [\n1,\n2,", "def f(x):\n    return x"),  # a bracket left open
+        ("def f(x):\n    return x\nx = 1\0\ny = 2", "def f(x):\n    return x"),  # compile refuses NUL
+        ("Use ``` for code: def f", "Use ``` for code: def f"),  # a fence with no line after it
     ],
 )
 def test_extract_code(answer, expected):
     assert extract_code(answer, "f") == expected
+
+
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        ("def f(x):\n    return x\nnums = [\n" + "1,\n" * 8_000, "def f(x):\n    return x"),
+        ("def f(x):\n    return x\n" + "and this is why.\n" * 8_000, "def f(x):\n    return x"),
+        ("def \n" * 8_000, ("def \n" * 8_000).rstrip("\n")),
+        ("`" * 40_000, "`" * 40_000),
+        ("``` " * 10_000, "``` " * 10_000),
+    ],
+    ids=["open-list", "prose", "def-lines", "backticks", "fences"],
+)
+def test_a_long_hostile_reply_is_reduced_to_code_at_once(reply, expected):
+    """Extraction holds the GIL, so work quadratic in a reply's length stalls every thread of the trainer: before,
+    an unclosed list of 8,000 items after the code took 37 s (one compile per dropped line), 40,000 backticks 0.9 s."""
+    start = time.monotonic()
+    assert extract_code(reply, "f") == expected
+    assert time.monotonic() - start < 1
 
 
 def test_join_solution_completes_a_header_or_appends_a_full_function():
