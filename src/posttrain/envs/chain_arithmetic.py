@@ -19,7 +19,8 @@ from posttrain.envs.base import TextEnv, chat_space, message
 from posttrain.rewards.verifiable import math_answer_score, parse_number
 from posttrain.types import Task
 
-_LINE = re.compile(r"^\s*(-?\d+)\s*([+\-])\s*(-?\d+)\s*=\s*(-?\d+)\s*\.?\s*$")
+# A step's numbers have at most 18 digits (int() refuses more than 4,300, and no task needs 19).
+_LINE = re.compile(r"^\s*(-?\d{1,18})\s*([+\-])\s*(-?\d{1,18})\s*=\s*(-?\d{1,18})\s*(?:\.\s*)?$")
 _ANSWER_LINE = re.compile(r"answer", re.IGNORECASE)
 # Worked examples shown as earlier turns of the conversation, which a small model copies far more
 # reliably than an instruction; their expressions are never drawn as tasks.

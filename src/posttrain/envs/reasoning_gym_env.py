@@ -33,13 +33,17 @@ from posttrain.types import Task
 
 INSTRUCTION = "\n\nThink briefly, then give only the final answer on the last line, after 'Answer:'."
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_ANSWER_LINE = re.compile(r"answer\s*(?:is)?\s*:\s*(.+)", re.IGNORECASE)
+_CLOSING_TAG = re.compile(r"</answer>", re.IGNORECASE)
+_ANSWER_LINE = re.compile(r"answer(?:\s*is)?\s*:\s*(.+)", re.IGNORECASE)  # one \s* between words: see verifiable
 
 
 def extract_answer(text: str) -> str:
     """The final answer in a model's text: the last ``<answer>...</answer>``, else what follows the
     last "Answer:", else the last non-empty line."""
-    tagged = _ANSWER_TAG.findall(text)
+    # Searched up to the last closing tag only: from each opening tag with no closing one after it, the lazy
+    # match would read to the end of the text (quadratic in a reply of many opening tags).
+    closings = [match.end() for match in _CLOSING_TAG.finditer(text)]
+    tagged = _ANSWER_TAG.findall(text, 0, closings[-1]) if closings else []
     if tagged:
         return tagged[-1].strip()
     marked = _ANSWER_LINE.findall(text)

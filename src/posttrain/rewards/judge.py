@@ -20,13 +20,18 @@ from posttrain.rollout.episodes import encode_prompt
 from posttrain.types import Trajectory
 
 DEFAULT_RUBRIC = "A good answer is correct, complete and says its final answer clearly."
-_NUMBER = r"(-?\d+(?:\.\d+)?)"
+# A number starts where a run of digits does: tried from inside a run of n digits as well, "NUMBER / 10" took
+# 22 s on 20,000 digits (each start reads the run to its end).
+_NUMBER = r"(-?(?<!\d)\d+(?:\.\d+)?)"
 _SCORE_PATTERNS = [
-    re.compile(r"score\s*(?:is|of|=|:)?\s*\**\s*" + _NUMBER, re.IGNORECASE),
+    # No two runs of \s* side by side (see verifiable._ANSWER: polynomial backtracking on a run of spaces).
+    re.compile(r"score(?:\s*(?:is|of|=|:))?\s*(?:\*+\s*)?" + _NUMBER, re.IGNORECASE),
     re.compile(_NUMBER + r"\s*(?:/|out of)\s*\d+", re.IGNORECASE),
     re.compile(r"\*\*\s*" + _NUMBER + r"\s*\*\*"),
 ]
-_GROUP_LINE = re.compile(r"answer\s*#?\s*(\d+)\s*\**\s*[:=\-]\s*\**\s*(?:score\s*[:=]?\s*)?" + _NUMBER, re.IGNORECASE)
+_GROUP_LINE = re.compile(
+    r"answer\s*(?:#\s*)?(\d+)\s*(?:\*+\s*)?[:=\-]\s*(?:\*+\s*)?(?:score\s*(?:[:=]\s*)?)?" + _NUMBER, re.IGNORECASE
+)
 
 
 def _clamped(value: float, scale: float) -> float:

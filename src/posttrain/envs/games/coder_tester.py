@@ -22,7 +22,7 @@ from posttrain.envs.games.base import TextGame
 from posttrain.sandbox import Limits, shared_sandbox
 from posttrain.types import Task
 
-_ASSERT = re.compile(r"^\s*(assert\b.+)$", re.M)
+_ASSERT = re.compile(r"^[ \t]*(assert\b.+)$", re.M)  # not ^\s*: from each blank line it would run over all the others
 
 
 class CoderTester(TextGame):
