@@ -2,6 +2,7 @@
 
 import os
 import sqlite3
+import sys
 import time
 
 import pytest
@@ -151,3 +152,19 @@ def test_sql_tool_stops_runaway_queries(database):
     with pytest.raises(ToolError, match="took too long"):
         sql.call(endless)
     assert time.monotonic() - start < 10
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="sqlite3's setlimit is Python 3.11+")
+@pytest.mark.parametrize("query", ["SELECT zeroblob(500000000)", "SELECT length(randomblob(900000000))",
+                                   "SELECT group_concat(name) FROM (SELECT hex(randomblob(4000)) AS name FROM items)"])
+def test_sql_tool_refuses_values_past_its_length_limit(database, query):
+    """Before, ``SELECT zeroblob(500000000)`` handed the agent a 2-billion-character observation (3 GB in the
+    trainer)."""
+    with pytest.raises(ToolError, match="at most 10,000 bytes"):
+        tool(sql_tool(database)).call(query)
+
+
+def test_sql_tool_cuts_a_long_result(database):
+    wide = "SELECT " + ", ".join(["hex(randomblob(4000))"] * 50) + " FROM items"
+    text = tool(sql_tool(database)).call(wide)
+    assert len(text) < 4_100 and text.endswith("... (cut at 4,000 characters)")
