@@ -3,7 +3,8 @@
 A parser runs in the trainer's process and holds the GIL while it runs, so one that is quadratic (or worse) in a
 reply stalls every thread of training: before, "The answer" and 300 spaces took seconds in the math answer's
 regex (its backtracking was of the 4th power in the run of spaces), 40,000 newlines 6 s in the tester's, and a
-step with a 5,000-digit number raised int()'s ValueError in chain arithmetic's step checker.
+step with a 5,000-digit number raised int()'s ValueError in chain arithmetic's step checker, and JSON nested
+20,000 deep a RecursionError in the tool-call parsers.
 """
 
 import time
@@ -32,6 +33,10 @@ REPLIES = {
     "step-spaces": "1 + 2 = 3" + " " * N + "x",
     "huge-step": "9" * 5_000 + " + 1 = 2\nAnswer: 2",
     "guess-spaces": "guess" + " " * N + ": x",
+    "deep-call": '{"name": "calculator", "arguments": ' + "[" * N + "]" * N + "}",
+    "deep-string-arguments": '{"name": "calculator", "arguments": "' + "[" * N + '"}',
+    "deep-input": "Action: calculator\nAction Input: " + '{"a": ' * N + "1" + "}" * N,
+    "deep-object": '{"score": ' * N + "1" + "}" * N,
 }
 PARSERS = {
     "math-number": extract_final_number,

@@ -44,7 +44,7 @@ def parse_score(text: str, scale: float = 10.0) -> float | None:
         data = json.loads(text.strip().strip("`").removeprefix("json").strip())
         if isinstance(data, dict) and isinstance(data.get("score"), (int, float)):
             return _clamped(float(data["score"]), scale)
-    except (json.JSONDecodeError, ValueError):
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
         pass
     for pattern in _SCORE_PATTERNS:
         found = pattern.findall(text)

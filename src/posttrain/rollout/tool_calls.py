@@ -78,7 +78,7 @@ def parse_react(text: str) -> Parsed:
     if raw.startswith("{"):
         try:
             parsed = json.loads(raw)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # nested past the interpreter's recursion limit
             parsed = raw
         if isinstance(parsed, dict):
             return ToolCall(name, parsed)
@@ -109,6 +109,8 @@ def parse_json_call(text: str) -> Parsed:
         call, _ = json.JSONDecoder().raw_decode(candidate[start:])
     except json.JSONDecodeError as e:
         return Malformed(f"the tool call is not valid JSON ({e.msg} at character {e.pos}); {JSON_HINT}")
+    except RecursionError:
+        return Malformed(f"the tool call is nested too deeply to read; {JSON_HINT}")
     if not isinstance(call, dict):
         return Malformed(f"the tool call must be a JSON object, got {type(call).__name__}; {JSON_HINT}")
     name = call.get("name")
@@ -118,7 +120,7 @@ def parse_json_call(text: str) -> Parsed:
     if isinstance(arguments, str):  # some models double-encode the arguments
         try:
             arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return Malformed(f"\"arguments\" of {name} is not a JSON object; {JSON_HINT}")
     if not isinstance(arguments, dict):
         return Malformed(f"\"arguments\" of {name} must be a JSON object, got {type(arguments).__name__}")
