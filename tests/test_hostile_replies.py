@@ -4,7 +4,8 @@ A parser runs in the trainer's process and holds the GIL while it runs, so one t
 reply stalls every thread of training: before, "The answer" and 300 spaces took seconds in the math answer's
 regex (its backtracking was of the 4th power in the run of spaces), 40,000 newlines 6 s in the tester's, and a
 step with a 5,000-digit number raised int()'s ValueError in chain arithmetic's step checker, and JSON nested
-20,000 deep a RecursionError in the tool-call parsers.
+20,000 deep a RecursionError in the tool-call parsers; and the web action's parser, which scans from each
+mention of an action for its closing parenthesis, took 4.7 s over 4,000 unclosed mentions.
 """
 
 import time
@@ -15,6 +16,7 @@ from posttrain.envs.chain_arithmetic import check_steps
 from posttrain.envs.code import extract_code
 from posttrain.envs.games.coder_tester import CoderTester
 from posttrain.envs.reasoning_gym_env import extract_answer
+from posttrain.envs.web.actions import ActionError, parse_action
 from posttrain.envs.wordle import parse_guess
 from posttrain.rewards.judge import parse_group_scores, parse_score
 from posttrain.rewards.verifiable import exact_match_reward, extract_final_number
@@ -37,6 +39,7 @@ REPLIES = {
     "deep-string-arguments": '{"name": "calculator", "arguments": "' + "[" * N + '"}',
     "deep-input": "Action: calculator\nAction Input: " + '{"a": ' * N + "1" + "}" * N,
     "deep-object": '{"score": ' * N + "1" + "}" * N,
+    "unclosed-actions": "click(\\'" * (N // 4),
 }
 PARSERS = {
     "math-number": extract_final_number,
@@ -50,7 +53,15 @@ PARSERS = {
     "react": parse_react,
     "json-call": parse_json_call,
     "wordle": parse_guess,
+    "web-action": lambda text: web_action(text),
 }
+
+
+def web_action(text):
+    try:
+        return parse_action(text)
+    except ActionError as e:  # what the agent is told, by design
+        return str(e)
 
 
 @pytest.mark.parametrize("reply", list(REPLIES.values()), ids=list(REPLIES))

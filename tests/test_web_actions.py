@@ -34,6 +34,7 @@ def test_arguments_are_checked():
     ("click(bid)", "literal arguments"),
     ("scroll('up', 'down')", "should be a number"),
     ("click('3'", "unclosed parenthesis"),
+    ("fill('3', '" + "x" * 20_000 + "')", "no closing parenthesis within 10,000 characters"),
 ])
 def test_bad_actions_say_what_was_expected(text, says):
     with pytest.raises(ActionError, match=says):

@@ -2,7 +2,8 @@
 
 An action is one Python-style call with literal arguments, e.g. ``click('12')`` or
 ``fill('7', 'blue shirt')``. Model output usually has more around it (a thought, a code fence,
-several tries), so the parser takes the last well-formed call of a known action in the text.
+several tries), so the parser takes the last well-formed call of a known action in the text (of its
+last 64 mentions of an action, and at most 10,000 characters long).
 Anything else is an :class:`ActionError` whose message says what was expected; the environment
 turns it into the next observation, never into an exception.
 """
@@ -34,6 +35,11 @@ SIGNATURES: dict[str, tuple[type, ...]] = {
 USAGE = ("click('bid'), fill('bid', 'text'), select_option('bid', 'option'), press('bid', 'Enter'), "
          "scroll(dx, dy), go_back(), goto('url'), send_msg_to_user('answer'), noop()")
 _CALL_START = re.compile(r"\b(" + "|".join(SIGNATURES) + r")\s*\(")
+# Reading a reply holds the GIL, and each mention of an action scans for its closing parenthesis: a reply of n
+# mentions that never close was n scans to its end (4,000 times "click(\'": 4.7 s). So only the last
+# MAX_MENTIONS mentions are tried, and a call may be at most MAX_CALL_CHARS long.
+MAX_MENTIONS = 64
+MAX_CALL_CHARS = 10_000
 
 
 class ActionError(ValueError):
@@ -47,9 +53,10 @@ class Action:
 
 
 def _call_end(text: str, open_paren: int) -> int | None:
-    """Index just past the parenthesis closing the one at ``open_paren`` (strings skipped)."""
+    """Index just past the parenthesis closing the one at ``open_paren`` (strings skipped), or None
+    when there is none within MAX_CALL_CHARS."""
     depth, quote, i = 0, None, open_paren
-    while i < len(text):
+    while i < min(len(text), open_paren + MAX_CALL_CHARS):
         c = text[i]
         if quote:
             if c == "\\":
@@ -95,10 +102,13 @@ def parse_action(text: str) -> Action:
     if not starts:
         raise ActionError(f"no action found; reply with one of: {USAGE}")
     error: ActionError | None = None
-    for match in reversed(starts):
+    for match in reversed(starts[-MAX_MENTIONS:]):
         end = _call_end(text, match.end() - 1)
         if end is None:
-            error = error or ActionError(f"unclosed parenthesis in {text[match.start():match.start() + 60]!r}")
+            where = repr(text[match.start():match.start() + 60])
+            too_long = len(text) - match.end() >= MAX_CALL_CHARS
+            error = error or ActionError(f"no closing parenthesis within {MAX_CALL_CHARS:,} characters of {where}"
+                                         if too_long else f"unclosed parenthesis in {where}")
             continue
         try:
             return _literal_call(text[match.start():end])
