@@ -19,12 +19,11 @@ import time
 from pathlib import Path
 
 import torch
+from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
 from rich.table import Table
 
 from posttrain.config import ALGORITHM_PRESETS, load_config
 from posttrain.train import Trainer
-
-from machine import console, describe  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHMS = ["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "ppo"]

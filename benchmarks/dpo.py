@@ -22,13 +22,12 @@ import time
 from pathlib import Path
 
 import torch
+from machine import console, describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 from rich.table import Table
 
 from posttrain.config import load_config
 from posttrain.data.store import DataError, TrajectoryStore
 from posttrain.train.offline import OfflineTrainer
-
-from machine import console, describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,14 +27,13 @@ import time
 from pathlib import Path
 
 import torch
+from machine import console, describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 
 from posttrain.envs import make_env
-from posttrain.models.cpu_probe import decode_dtype
 from posttrain.models import load_model, load_tokenizer
+from posttrain.models.cpu_probe import decode_dtype
 from posttrain.rollout import HFBackend, SamplingParams
 from posttrain.rollout.episodes import encode_prompt
-
-from machine import console, describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"

@@ -49,8 +49,9 @@ WHEELS = ["pydantic", "pydantic-core", "annotated-types", "typing-inspection", "
 
 def prepare(out: Path) -> None:
     """Write the default model's config and tokenizer (no weights) and the wheels to carry."""
-    from posttrain.models import load_tokenizer, resolve_model_path
     from transformers import AutoConfig
+
+    from posttrain.models import load_tokenizer, resolve_model_path
 
     path = resolve_model_path("smollm2-135m-instruct")
     (out / "model").mkdir(parents=True, exist_ok=True)

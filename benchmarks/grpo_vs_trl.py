@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from machine import console, describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 from trl_peer import ENV_OVERRIDE, arithmetic_dataset, step_timer  # benchmarks/trl_peer.py: TRL's side
 

@@ -20,14 +20,29 @@ from types import ModuleType
 from rich.console import Console
 
 from posttrain.models import decode_layer, sample_tokens, train_attention, train_elementwise
-from posttrain.models.cpu_probe import (ONEDNN_TRAINING_THRESHOLD, bf16_decode_speedup, bf16_training_speedup, cpu_flags,
-                                        has_bf16_units, narrow_bf16_decode_speedup, narrow_decode_kernel,
-                                        native_layer_pays, native_layer_speedup,
-                                        onednn_training_pays, onednn_training_speedup, onednn_weight_grad_pays,
-                                        onednn_weight_grad_speedup, prefill_pays, sampler_pays, sampler_speedup,
-                                        train_attention_pays,
-                                        train_attention_speedup,
-                                        train_elementwise_pays, train_elementwise_speedup, wide_decode_kernel)
+from posttrain.models.cpu_probe import (
+    ONEDNN_TRAINING_THRESHOLD,
+    bf16_decode_speedup,
+    bf16_training_speedup,
+    cpu_flags,
+    has_bf16_units,
+    narrow_bf16_decode_speedup,
+    narrow_decode_kernel,
+    native_layer_pays,
+    native_layer_speedup,
+    onednn_training_pays,
+    onednn_training_speedup,
+    onednn_weight_grad_pays,
+    onednn_weight_grad_speedup,
+    prefill_pays,
+    sampler_pays,
+    sampler_speedup,
+    train_attention_pays,
+    train_attention_speedup,
+    train_elementwise_pays,
+    train_elementwise_speedup,
+    wide_decode_kernel,
+)
 from posttrain.models.panel_linear import unavailable_reason
 from posttrain.models.probe_cache import cpuinfo, isa_ceilings, probe_file
 

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import torch
+from machine import console, describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 from torch.utils.flop_counter import FlopCounterMode
 
 from posttrain.models import load_model
@@ -40,8 +41,6 @@ from posttrain.models.logprobs import policy_forward
 from posttrain.models.onednn_linear import onednn_training
 from posttrain.models.packed_linear import packing_available
 from posttrain.models.policy import use_training_kernels
-
-from machine import console, describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"

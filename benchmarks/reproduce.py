@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from machine import describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 from algorithms import table_recipe  # benchmarks/algorithms.py: the recipe of the README's algorithm table
+from machine import describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 5.0  # points

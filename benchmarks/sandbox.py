@@ -24,13 +24,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from machine import console, describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 from rich.table import Table
 
 from posttrain.envs.code import run_tests
 from posttrain.envs.code_tasks import humaneval_problems
 from posttrain.sandbox import Limits, Sandbox
-
-from machine import console, describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIVIAL_PROBLEM = {"task_id": "trivial", "prompt": "", "test": "def check(candidate):\n    pass\n",

@@ -29,9 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from rich.table import Table
-
 from machine import console, describe, write_json  # benchmarks/machine.py: the CPU model and flags beside every table
+from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent

@@ -31,13 +31,12 @@ import threading
 import time
 from pathlib import Path
 
+from machine import console, write_json  # benchmarks/machine.py: tables unwrapped in a log
 from rich.table import Table
 
 from posttrain.envs.web import MiniWoBEnv, WebShopEnv
 from posttrain.envs.web.browser import browser_memory_mb
 from posttrain.envs.web.experts import MiniWoBExpert, ShopExpert
-
-from machine import console, write_json  # benchmarks/machine.py: tables unwrapped in a log
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("click-test", "click-test-2", "click-button", "click-link", "enter-text", "focus-text", "login-user")

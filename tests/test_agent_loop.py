@@ -4,9 +4,9 @@ import copy
 
 import pytest
 import torch
+from user_envs import GuessNumber
 
 from posttrain.rollout import EnvPool, HFBackend, SamplingParams, encode_prompt, observation_delta, run_episodes
-from user_envs import GuessNumber
 
 LLAMA3_STYLE = (
     "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"

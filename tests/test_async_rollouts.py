@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from posttrain.algorithms.off_policy import logprob_mismatch, truncated_importance_weights
 from posttrain.algorithms.losses import grpo_loss
+from posttrain.algorithms.off_policy import logprob_mismatch, truncated_importance_weights
 from posttrain.config import ConfigError, load_config
 from posttrain.train import Trainer
 from posttrain.train.async_rollout import AsyncSampler

@@ -10,9 +10,8 @@ import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from posttrain.config import ModelSection
-from posttrain.models import load_model, load_tokenizer, token_logprobs
 from posttrain.models import attention as attention_module
-from posttrain.models import train_attention
+from posttrain.models import load_model, load_tokenizer, token_logprobs, train_attention
 from posttrain.models.attention import NAME, posttrain_sdpa, use_posttrain_attention
 from posttrain.models.logprobs import policy_forward
 from posttrain.models.policy import Policy

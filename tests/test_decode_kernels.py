@@ -11,8 +11,16 @@ from posttrain.models import decode_layer, native, panel_dot, panel_linear, tran
 from posttrain.models.cpu_probe import narrow_decode_kernel, narrow_decode_seconds, wide_decode_kernel
 from posttrain.models.decode_kernels import FP32_KERNELS, KERNELS
 from posttrain.models.probe_cache import cpu_flags, hardware_flags
-from posttrain.rollout.fast_decode import (NARROW_ROWS, DecodeWeights, StaticCache, attend, decode_step, prefill,
-                                           rms_norm, rotate)
+from posttrain.rollout.fast_decode import (
+    NARROW_ROWS,
+    DecodeWeights,
+    StaticCache,
+    attend,
+    decode_step,
+    prefill,
+    rms_norm,
+    rotate,
+)
 
 
 @pytest.mark.parametrize("name", list(KERNELS))

@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+from test_train_e2e import run_cli, tiny_config
 
 from posttrain.config import EvalSection, RolloutSection
 from posttrain.envs import make_env, registered
@@ -12,7 +13,6 @@ from posttrain.eval.evaluate import summarise
 from posttrain.eval.pass_at_k import pass_at_k
 from posttrain.rollout import EnvPool, HFBackend
 from posttrain.types import Step, Task, Trajectory
-from test_train_e2e import run_cli, tiny_config
 
 
 def episode(task: Task, correct: bool, reward: float, turns: int = 1, tokens: int = 3) -> Trajectory:

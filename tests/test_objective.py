@@ -6,6 +6,7 @@ import torch
 from posttrain.algorithms import Algorithm
 from posttrain.config import AlgorithmSection
 
+
 def token_advantages(cfg, rewards, mask, beta=0.0, **tensors):
     algo = Algorithm(cfg.model_copy(update={"beta": beta}), max_new_tokens=16)
     return algo.advantages(rewards, mask, **tensors)

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 from safetensors.torch import load_file
+from test_train_e2e import run_cli, tiny_config
 
 from posttrain.data import TrajectoryStore
 from posttrain.models import resolve_model_path
-from test_train_e2e import run_cli, tiny_config
 
 pytestmark = pytest.mark.slow  # end to end through CLI subprocesses: `make test`, not `make test-fast`
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posttrain.models.logprobs import policy_forward
 from posttrain.models import cpu_probe
+from posttrain.models.logprobs import policy_forward
 from posttrain.models.onednn_linear import OneDNNLinear, active, onednn_training, onednn_weight_grad, weight_grad
 from posttrain.models.packed_linear import packing_available
 

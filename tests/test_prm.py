@@ -2,17 +2,24 @@
 
 import pytest
 import torch
+from user_rewards import KeywordEnv
 
 from posttrain.config import RewardSection, load_config
 from posttrain.models import Policy
 from posttrain.rewards.composition import RewardComposer
 from posttrain.rewards.prm import load_prm, step_ends
-from posttrain.rewards.prm_train import (LabelledSolution, _logits, monte_carlo_shares, prm_loss, roc_auc, step_auc,
-                                         train_prm)
+from posttrain.rewards.prm_train import (
+    LabelledSolution,
+    _logits,
+    monte_carlo_shares,
+    prm_loss,
+    roc_auc,
+    step_auc,
+    train_prm,
+)
 from posttrain.rollout import HFBackend, SamplingParams
 from posttrain.train.optimizer import adamw
 from posttrain.types import Step, Task, Trajectory
-from user_rewards import KeywordEnv
 
 
 def _solution(tokenizer, text, task=Task("t", "q"), prompt=(1, 5, 9)):

@@ -9,15 +9,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_train_e2e import run_cli, tiny_config
 
+from posttrain.config import load_config
 from posttrain.data.store import TrajectoryStore
 from posttrain.eval.plots import Series, line_chart, nice_ticks
 from posttrain.eval.report import charts_html, render_report
-from posttrain.config import load_config
 from posttrain.eval.run_data import load_run
 from posttrain.train import Trainer
 from posttrain.types import Step, Task, Trajectory
-from test_train_e2e import run_cli, tiny_config
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run"]

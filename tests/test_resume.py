@@ -8,11 +8,12 @@ import sys
 import time
 
 import pytest
+from test_train_e2e import ROOT, run_cli, tiny_config
 
 from posttrain.config import load_config
 from posttrain.data.store import TrajectoryStore
 from posttrain.train.resume import changed_field
-from test_train_e2e import ROOT, run_cli, tiny_config
+
 
 # Wall-clock measurements differ between any two runs; everything else must be equal.
 def is_timing(key: str) -> bool:

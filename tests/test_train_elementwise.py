@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
 from posttrain.config import ModelSection
-from posttrain.models import cpu_probe, load_model, load_tokenizer
-from posttrain.models import train_elementwise
+from posttrain.models import cpu_probe, load_model, load_tokenizer, train_elementwise
 from posttrain.models.logprobs import policy_forward, torch_softmax_statistics
 from posttrain.models.policy import Policy
 from posttrain.models.train_elementwise import rms_norm, softmax_statistics, swiglu, use_fused_norm_mlp

@@ -11,14 +11,21 @@ import sys
 
 import pytest
 import torch
+from user_envs import GuessNumber
 
 from posttrain.algorithms import logprob_mismatch
 from posttrain.config import load_config
 from posttrain.models import Policy
-from posttrain.rollout import (BackendUnavailable, EnvPool, HFBackend, SamplingParams, check_backend, make_backend,
-                               run_episodes)
+from posttrain.rollout import (
+    BackendUnavailable,
+    EnvPool,
+    HFBackend,
+    SamplingParams,
+    check_backend,
+    make_backend,
+    run_episodes,
+)
 from posttrain.types import Batch
-from user_envs import GuessNumber
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 SKIP_REASON = "vLLM is not installed (make test-vllm installs it and runs these)"

@@ -4,6 +4,7 @@ whose actions solve the task again when replayed, readable by the SFT loader."""
 import json
 
 import pytest
+from test_train_e2e import run_cli
 
 from posttrain.data.demonstrations import load_demonstrations
 from posttrain.envs.contract import as_messages
@@ -12,7 +13,6 @@ from posttrain.envs.web.actions import parse_action
 from posttrain.envs.web.demonstrations import write_demonstrations
 from posttrain.models import load_tokenizer
 from posttrain.rollout.episodes import encode_prompt
-from test_train_e2e import run_cli
 
 TASKS = ["click-button", "enter-text", "login-user"]  # 1, 2 and 3 actions
 

@@ -38,7 +38,6 @@ from posttrain.algorithms.losses import (
     gspo_loss,
     value_loss,
 )
-from posttrain.algorithms.role_advantages import keyed_group_advantages, role_conditioned_advantages
 from posttrain.algorithms.normalization import (
     RunningMeanStd,
     clip_advantages,
@@ -47,6 +46,7 @@ from posttrain.algorithms.normalization import (
     whiten,
 )
 from posttrain.algorithms.off_policy import logprob_mismatch, truncated_importance_weights
+from posttrain.algorithms.role_advantages import keyed_group_advantages, role_conditioned_advantages
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

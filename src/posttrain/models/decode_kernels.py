@@ -25,7 +25,6 @@ from posttrain.models import native, panel_dot, panel_linear
 from posttrain.models.packed_linear import _pack, _packed_linear
 from posttrain.models.panel_linear import Weight
 
-
 Linear = Callable[[object, torch.Tensor | None, torch.Tensor], torch.Tensor]  # (copy of the weight, bias, x)
 
 

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 # Prompts share their start only from this many tokens: below, an extra attention segment a layer would
 # cost about what it saves (a judgement, as for generation's shared prefill in posttrain.rollout.hf_backend).
 SHARED_START_MIN_TOKENS = 8

@@ -17,8 +17,8 @@ from posttrain.models.loading import ModelLoadError, describe_error, load_model,
 from posttrain.models.logprobs import TokenOutputs, policy_forward, token_logprobs
 from posttrain.models.lora import apply_lora, peft_quietly
 from posttrain.models.onednn_linear import onednn_training
-from posttrain.models.train_elementwise import use_fused_norm_mlp
 from posttrain.models.packed_linear import pack_frozen_linears
+from posttrain.models.train_elementwise import use_fused_norm_mlp
 
 
 def use_training_kernels(model: torch.nn.Module) -> None:

@@ -28,7 +28,15 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from posttrain.envs.contract import EnvError, EnvWorkerLost, as_messages, env_tasks, observation_text, reset_episode, success
+from posttrain.envs.contract import (
+    EnvError,
+    EnvWorkerLost,
+    as_messages,
+    env_tasks,
+    observation_text,
+    reset_episode,
+    success,
+)
 from posttrain.rollout.backend import Generation, GenerationBackend, SamplingParams
 from posttrain.types import Step, Task, Trajectory
 

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posttrain.models import decode_layer
-from posttrain.models.cpu_probe import native_layer_pays, narrow_decode_kernel, prefill_pays, wide_decode_kernel
+from posttrain.models.cpu_probe import narrow_decode_kernel, native_layer_pays, prefill_pays, wide_decode_kernel
 from posttrain.models.decode_kernels import KERNELS, Kernel, Linear, Weight
 from posttrain.models.packed_linear import _mergeable_lora, merged_lora_weight, packing_available
 

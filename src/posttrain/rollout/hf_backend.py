@@ -26,8 +26,8 @@ from posttrain.models.cpu_probe import has_bf16_units
 from posttrain.models.onednn_linear import onednn_training
 from posttrain.models.packed_linear import packed_linears
 from posttrain.models.packing import common_start
-from posttrain.rollout.fast_decode import DecodeWeights, StaticCache, decode_step, prefill, supports
 from posttrain.rollout.backend import Generation, SamplingParams
+from posttrain.rollout.fast_decode import DecodeWeights, StaticCache, decode_step, prefill, supports
 from posttrain.rollout.sampling import sample_next
 
 

@@ -11,7 +11,6 @@ import sys
 
 from posttrain.config import RaySection
 
-
 # A local Ray on a shared laptop: Ray's own memory monitor kills workers once the *machine* is 95% full,
 # whoever uses the memory; the operating system's OOM killer still protects it.
 LOCAL_SYSTEM_CONFIG = {"memory_monitor_refresh_ms": 0}

@@ -31,7 +31,9 @@ import time
 import traceback
 
 # Pre-imported so that programs using them start instantly after fork.
+# isort: off
 import collections, functools, hashlib, heapq, itertools, math, random, re, string, typing  # noqa: E401,F401
+# isort: on
 
 EXIT_MEMORY = 86  # the child's exit code when the program raised MemoryError
 READ_CHUNK = 65536

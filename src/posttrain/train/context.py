@@ -20,7 +20,15 @@ from posttrain.envs import EnvError, make_env
 from posttrain.eval import EvalResult, evaluate
 from posttrain.eval.evaluate import merge_results
 from posttrain.models import Policy
-from posttrain.rollout import EnvPool, HFBackend, SamplingParams, check_backend, make_backend, run_episodes, sampler_dtype
+from posttrain.rollout import (
+    EnvPool,
+    HFBackend,
+    SamplingParams,
+    check_backend,
+    make_backend,
+    run_episodes,
+    sampler_dtype,
+)
 from posttrain.rollout.env_workers import RayEnvPool
 from posttrain.rollout.ray_runtime import RayRuntime
 from posttrain.rollout.rollout_workers import RolloutWorkers

@@ -29,8 +29,8 @@ from posttrain.eval import EvalResult
 from posttrain.models import Policy
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
 from posttrain.train.optimizer import adamw, lr_schedule
-from posttrain.train.stopping import RunGuard
 from posttrain.train.stats import RunningStats
+from posttrain.train.stopping import RunGuard
 from posttrain.types import Batch, Trajectory
 
 PAIRED = ("dpo", "ipo", "cdpo")

@@ -31,8 +31,8 @@ from posttrain.train.context import ProgressHook, RunContext, TrainResult
 from posttrain.train.curriculum import scheduled_max_turns, task_sampler
 from posttrain.train.optimizer import adamw, lr_schedule
 from posttrain.train.resume import check_resumable, cut_run_dir, latest_checkpoint, load_weights
-from posttrain.train.stopping import RunGuard
 from posttrain.train.stats import RunningStats
+from posttrain.train.stopping import RunGuard
 from posttrain.types import Batch, Rewards, Task, Trajectory
 
 

@@ -37,8 +37,13 @@ from playwright.async_api import BrowserContext, CDPSession, Page
 from posttrain.envs.base import CHARSET, MAX_TEXT, Split, task_for_reset
 from posttrain.envs.web.actions import USAGE, Action, ActionError, parse_action, run_action
 from posttrain.envs.web.browser import BrowserHost, acquire_host, release_host
-from posttrain.envs.web.observation import (FORGET_EPISODE_JS, MARK_ELEMENTS_JS, bids_by_backend_id, flatten_ax_tree,
-                                            render_observation)
+from posttrain.envs.web.observation import (
+    FORGET_EPISODE_JS,
+    MARK_ELEMENTS_JS,
+    bids_by_backend_id,
+    flatten_ax_tree,
+    render_observation,
+)
 from posttrain.types import Task
 
 # Pages are Unicode (MiniWoB's unicode-test, accented names): observations may hold any character
