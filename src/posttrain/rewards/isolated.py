@@ -177,7 +177,9 @@ class _Pool:
     def call(self, request: dict, timeout: float) -> Any:
         with self.slots:
             with self.lock:
-                child = self.idle.pop() if self.idle else self.spawner.submit(_Child, self.command).result()
+                child = self.idle.pop() if self.idle else None
+            if child is None:  # started outside the lock: other calls may take and return idle children meanwhile
+                child = self.spawner.submit(_Child, self.command).result()
             try:
                 reply = child.ask(request, timeout)
             except BaseException:  # the caller gave up on it (the rollout's step timeout): so does the pool
