@@ -56,3 +56,12 @@ def tiny_config(tmp_path: Path, name: str = "config.yaml", **sections) -> Path:
     path = tmp_path / name
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def trained_run(tmp_path: Path) -> tuple[Path, Path]:
+    """A one-step run of the tiny model that wrote a checkpoint and a trajectory store: (its config, its directory),
+    for the tests that resume from it."""
+    config = tiny_config(tmp_path, train={"steps": 1}, eval={"num_tasks": 1}, store={"write": True})
+    ended = invoke("train", config)
+    assert ended.exit_code == 0 and ended.exception is None, ended.stderr[-2000:]
+    return config, tmp_path / "run"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from cli_inprocess import ROOT, assert_one_line_error, invoke, tiny_config
+from cli_inprocess import ROOT, assert_one_line_error, invoke, tiny_config, trained_run
 from safetensors.torch import load_file
 
 from posttrain.config import ConfigError, load_config
@@ -190,6 +190,85 @@ def test_a_checkpoint_of_the_same_step_is_replaced_without_a_gap(tmp_path):
     recover_checkpoints(run)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000003"]
     assert torch.load(second / "trainer_state.pt", weights_only=False)["mark"] == "second"
+
+
+# ------------------------------------------------------------------ resuming from a damaged checkpoint
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    return trained_run(tmp_path_factory.mktemp("finished"))
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _torch_save(value) -> bytes:
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _damaged(target: Path, damage: str) -> bytes:
+    import torch
+
+    data = target.read_bytes()
+    if damage == "wrong optimiser":  # every key there, the optimiser's state of another model
+        state = torch.load(target, weights_only=True)
+        return _torch_save({**state, "optimizer": {"state": {}, "param_groups": []}})
+    return {"truncate": data[: len(data) // 3], "empty": b"", "garbage": os.urandom(4096), "list": b"[1, 2, 3]",
+            "pickled list": _torch_save([1, 2, 3]), "keys missing": _torch_save({"step": 1})}[damage]
+
+
+@pytest.mark.parametrize("file, damage, says", [
+    ("trainer_state.pt", "truncate", "is not a trainer state posttrain wrote"),
+    ("trainer_state.pt", "empty", "empty or cut short"),
+    ("trainer_state.pt", "garbage", "is not a trainer state posttrain wrote"),
+    ("trainer_state.pt", "pickled list", "holds a list, not a trainer state"),
+    ("trainer_state.pt", "keys missing", "has no optimizer, scheduler"),
+    ("trainer_state.pt", "wrong optimiser", "does not fit this run: ValueError"),
+    ("config.json", "garbage", "is not the run config a checkpoint holds"),
+    ("config.json", "list", "holds [1, 2, 3], not the run config"),
+    ("model/model.safetensors", "truncate", "is not a readable safetensors file"),
+    ("model/model.safetensors", "garbage", "is not a readable safetensors file"),
+    ("store part", "garbage", "does not read as this store's Parquet"),
+])
+def test_resuming_from_a_damaged_checkpoint_is_one_line_and_changes_nothing(tmp_path, finished_run, file, damage,
+                                                                           says):
+    config, finished = finished_run
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    checkpoint = checkpoint_path(run, 1)
+    target = (sorted((run / "trajectories").glob("part-*.parquet"))[0] if file == "store part" else
+              checkpoint / file)
+    target.write_bytes(_damaged(target, damage))
+    before = _files(run)
+    ended = invoke("train", config, "--resume", run, "--set", "train.steps=2")
+    assert_one_line_error(ended, str(target), says)
+    assert _files(run) == before  # metrics, held-out samples, store and checkpoint as they were
+
+
+def test_a_trainer_state_that_would_run_code_is_refused_unread(tmp_path, finished_run):
+    """A checkpoint is data: a pickle that calls os.system on loading is refused, and the call never happens."""
+    config, finished = finished_run
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    marker = tmp_path / "the pickle ran"
+
+    class RunsCode:
+        def __reduce__(self):
+            return os.system, (f"touch '{marker}'",)
+
+    state = checkpoint_path(run, 1) / "trainer_state.pt"
+    state.write_bytes(_torch_save({"step": RunsCode()}))
+    ended = invoke("train", config, "--resume", run, "--set", "train.steps=2")
+    assert_one_line_error(ended, str(state), "asks to import posix.system", "never run as code")
+    assert not marker.exists()
 
 
 # ------------------------------------------------------------------ a full disk

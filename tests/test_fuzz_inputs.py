@@ -1,5 +1,6 @@
 """Fuzz every file the CLI reads: random bytes, random JSON and mutations of a valid file, thrown at
-the config, a trajectory store part, a demonstrations file and each file of a checkpoint.
+the config, a trajectory store part, a demonstrations file, each file of a checkpoint's model and the
+files ``--resume`` reads from a checkpoint.
 
 Whatever the input, the CLI ends with exit 0 (the input happened to be usable) or exit 2 with
 exactly one ``error:`` line, never a traceback, and never changes the file it was given. The
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_inprocess import invoke, tiny_config
+from cli_inprocess import invoke, tiny_config, trained_run
 
 from posttrain.config import field_reference
 from posttrain.data import TrajectoryStore
@@ -157,6 +158,27 @@ def test_fuzzed_checkpoint_file(tmp_path, case):
     target.write_bytes(content)
     config = tiny_config(tmp_path)
     assert_ends_cleanly(invoke("eval", config, *CHEAP, "--checkpoint", checkpoint), target, content)
+
+
+RESUMED_FILES = ["trainer_state.pt", "config.json", "model/model.safetensors"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    return trained_run(tmp_path_factory.mktemp("finished"))
+
+
+@pytest.mark.parametrize("case", [pytest.param(i, id=f"resume-{RESUMED_FILES[i % 3]}-{i}")
+                                  for i in range(3 * len(RESUMED_FILES))])
+def test_fuzzed_file_of_the_checkpoint_resumed_from(tmp_path, finished_run, case):
+    rng = random.Random(f"{SEED}-resume-{case}")
+    config, finished = finished_run
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    target = run / "checkpoints" / "step-000001" / RESUMED_FILES[case % len(RESUMED_FILES)]
+    content = fuzzed(rng, target.read_bytes())
+    target.write_bytes(content)
+    assert_ends_cleanly(invoke("train", config, "--resume", run, "--set", "train.steps=2"), target, content)
 
 
 def test_the_fuzzed_inputs_are_mostly_rejected_not_all_accepted(tmp_path):

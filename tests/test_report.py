@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cli_inprocess import assert_one_line_error, invoke
 from test_train_e2e import run_cli, tiny_config
 
 from posttrain.config import load_config
@@ -155,6 +156,28 @@ def test_killed_run_partial_metrics_line_is_skipped_and_counted(tiny_run, tmp_pa
     steps = [t.step for t in run.trajectories]  # the trainer records each stored trajectory's step
     assert steps == [1] * 8 + [2] * 8
     assert "1 unreadable lines skipped" in render_report(run, tokenizer=None)
+
+
+@pytest.mark.parametrize("file, content, says", [
+    ("config.json", b"{\"model\": {\"na", "not JSON"), ("summary.json", b"\xff\xfe", "not JSON"),
+    ("config.json", b"[1, 2]", "holds [1, 2], not a JSON object"), ("summary.json", b"null", "holds null"),
+])
+def test_a_damaged_run_file_is_one_line_naming_it(tiny_run, tmp_path, file, content, says):
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    (run_dir / file).write_bytes(content)
+    ended = invoke("report", run_dir, "--out", tmp_path / "report.html")
+    assert_one_line_error(ended, str(run_dir / file), says, "posttrain writes a JSON object there")
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_config_sections_of_another_shape_are_left_out_of_the_header(tiny_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    config = json.loads((run_dir / "config.json").read_text())
+    (run_dir / "config.json").write_text(json.dumps({**config, "model": "tiny-random", "env": [1], "store": 3}))
+    page = render_report(load_run(run_dir), tokenizer=None)
+    assert "<dt>model</dt><dd>?</dd>" in page and "<dt>algorithm</dt><dd>grpo</dd>" in page
 
 
 def test_turns_chart_only_where_an_episode_took_more_than_one_turn(tiny_run):

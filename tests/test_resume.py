@@ -7,11 +7,14 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
+import torch
 from test_train_e2e import ROOT, run_cli, tiny_config
 
 from posttrain.config import load_config
 from posttrain.data.store import TrajectoryStore
+from posttrain.rollout.episodes import load_rng_state, rng_state, seeded
 from posttrain.train.resume import changed_field
 
 
@@ -100,3 +103,18 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path):
     assert proc.returncode == 2 and "no complete checkpoint" in proc.stderr and "Traceback" not in proc.stderr
     proc = run_cli("train", ROOT / "examples" / "tiny_smoke.yaml", "--resume", tmp_path / "missing")
     assert proc.returncode == 2 and "no such run directory" in proc.stderr
+
+
+@pytest.mark.parametrize("bit_generator", [np.random.PCG64, np.random.MT19937, np.random.Philox, np.random.SFC64])
+def test_an_env_generator_of_any_kind_is_saved_as_data_and_restored(tmp_path, bit_generator):
+    """An env may make itself a generator of any kind; its state (arrays, for all but PCG64) round-trips through a
+    checkpoint that torch.load reads with weights_only=True, into a fresh env with the pool's PCG64, which then
+    draws what the saved one would."""
+    from user_envs import NoisyCapitals
+
+    saved, restored = NoisyCapitals(), seeded(NoisyCapitals(), 0, 0)
+    saved.np_random = np.random.Generator(bit_generator(7))
+    saved.np_random.random(5)
+    torch.save({"rng": rng_state(saved)}, tmp_path / "state.pt")
+    load_rng_state(restored, torch.load(tmp_path / "state.pt", weights_only=True)["rng"])
+    assert restored.np_random.random(3).tolist() == saved.np_random.random(3).tolist()

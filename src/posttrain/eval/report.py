@@ -121,11 +121,11 @@ def task_table_html(run: RunData) -> str:
 def header_html(run: RunData) -> str:
     """What was trained on what, and the held-out result before and after."""
     cfg = run.config
-    model, env, algo = cfg.get("model") or {}, cfg.get("env") or {}, cfg.get("algorithm") or {}
+    model, env, algo = run.section("model"), run.section("env"), run.section("algorithm")
     steps = max((r["step"] for r in run.train), default=0)
     facts = [("model", model.get("name", "?")), ("env", f"{env.get('id', '?')} {json.dumps(env.get('kwargs') or {})}"),
              ("algorithm", algo.get("name", "?")), ("steps logged", str(steps)), ("seed", str(cfg.get("seed", "?")))]
-    if (cfg.get("curriculum") or {}).get("enabled"):
+    if run.section("curriculum").get("enabled"):
         facts.append(("curriculum", "on"))
     summary = run.summary or {}
     for when in ("before", "after"):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from posttrain.data.store import TrajectoryStore
+from posttrain.data.store import DataError, TrajectoryStore
 from posttrain.types import Trajectory
 
 
@@ -40,6 +40,10 @@ class RunData:
     def name(self) -> str:
         return self.run_dir.resolve().name
 
+    def section(self, key: str) -> dict[str, Any]:
+        """A section of the run's config (``"model"``, ``"env"``, ...), empty where the config has none."""
+        return _section(self.config, key)
+
 
 def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
     rows, bad = [], 0
@@ -60,7 +64,7 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
 
 def store_path(run_dir: Path, config: dict[str, Any]) -> Path:
     """Where the run's trajectory store is (``store.path``, or ``<run>/trajectories``)."""
-    configured = (config.get("store") or {}).get("path") or ""
+    configured = _section(config, "store").get("path") or ""
     return Path(configured) if configured else run_dir / "trajectories"
 
 
@@ -77,8 +81,7 @@ def load_run(run_dir: str | Path) -> RunData:
     if not metrics.is_file():
         raise FileNotFoundError(f"{run_dir}: not a run directory (expected the metrics.jsonl that "
                                 "`posttrain train` writes)")
-    config_file = run_dir / "config.json"
-    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    config = _json_object(run_dir / "config.json") or {}
     records, skipped = _read_jsonl(metrics)
     train = [r for r in records if r.get("split") == "train" and isinstance(r.get("step"), int)]
     evals = [r for r in records if r.get("split") == "eval" and isinstance(r.get("step"), int)]
@@ -92,6 +95,24 @@ def load_run(run_dir: str | Path) -> RunData:
             continue
     store = TrajectoryStore(store_path(run_dir, config))
     trajectories = with_steps(store.trajectories()) if store.files() else []
-    summary_file = run_dir / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
+    summary = _json_object(run_dir / "summary.json")
     return RunData(run_dir, config, train, evals, samples, trajectories, summary, skipped)
+
+
+def _section(config: dict[str, Any], key: str) -> dict[str, Any]:
+    value = config.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (None where there is no such file); a :class:`DataError` naming it otherwise."""
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise DataError(f"{path}: not JSON ({str(e)[:200]}); posttrain writes a JSON object there") from None
+    if not isinstance(value, dict):
+        raise DataError(f"{path}: holds {json.dumps(value)[:60]}, not a JSON object; posttrain writes a JSON object "
+                        "there")
+    return value

@@ -44,7 +44,7 @@ def load_tokenizer_for(run: RunData):
                 return AutoTokenizer.from_pretrained(str(path))
             except (OSError, ValueError):
                 continue
-    name = (run.config.get("model") or {}).get("name")
+    name = run.section("model").get("name")
     if name:
         try:
             from posttrain.models import load_tokenizer

@@ -67,7 +67,7 @@ def _newest_checkpoint_model(run_dir: Path) -> Path:
     """The model directory of a run's newest complete checkpoint: a run directory names the policy
     it ended with (e.g. GRPO starting from a `posttrain sft` run)."""
     saved = [p for p in (run_dir / "checkpoints").glob("step-*")
-             if not p.name.endswith(".tmp") and (p / "model" / "config.json").is_file()]
+             if p.name.removeprefix("step-").isdigit() and (p / "model" / "config.json").is_file()]
     if not saved:
         raise ModelLoadError(f"model path {run_dir} is a run directory without a complete checkpoint "
                              f"with a full model (expected {run_dir / 'checkpoints' / 'step-N' / 'model' / 'config.json'}; a LoRA "

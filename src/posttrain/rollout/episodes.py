@@ -49,13 +49,32 @@ def seeded(env: Any, seed: int | None, k: int) -> Any:
 
 
 def rng_state(env: Any) -> dict[str, Any] | None:
-    """The env's ``np_random`` state, or None for an env that is not a gymnasium env."""
-    return env.unwrapped.np_random.bit_generator.state if isinstance(env, gym.Env) else None
+    """The env's ``np_random`` state, or None for an env that is not a gymnasium env. Arrays in it (the state of
+    an MT19937, Philox or SFC64 generator; gymnasium's default PCG64 has none) become lists, which numpy takes
+    back: a checkpoint then holds only what ``torch.load(weights_only=True)`` reads."""
+    if not isinstance(env, gym.Env):
+        return None
+    return _plain(env.unwrapped.np_random.bit_generator.state)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value.tolist() if isinstance(value, np.ndarray) else value
 
 
 def load_rng_state(env: Any, state: dict[str, Any] | None) -> None:
-    if state is not None and isinstance(env, gym.Env):
-        env.unwrapped.np_random.bit_generator.state = state
+    """Set the env's ``np_random`` to ``state``; an env that had made itself a generator of another kind than the
+    pool's PCG64 (in ``reset``, say) gets one of that kind again."""
+    if state is None or not isinstance(env, gym.Env):
+        return
+    env = env.unwrapped
+    if env.np_random.bit_generator.state["bit_generator"] != state["bit_generator"]:
+        kind = getattr(np.random, str(state["bit_generator"]), None)
+        if not (isinstance(kind, type) and issubclass(kind, np.random.BitGenerator)):
+            raise ValueError(f"{state['bit_generator']!r} is not one of numpy's bit generators")
+        env.np_random = np.random.Generator(kind())
+    env.np_random.bit_generator.state = state
 
 
 class EnvPool:

@@ -12,20 +12,28 @@ nothing is counted twice.
 A resumed run must be the same run: a config that differs from the checkpoint's in a field that
 changes what training does is refused, naming the field. Fields that only say how long to train,
 how to evaluate (evaluations sample from their own generator) or where to log may change.
+
+A checkpoint is read as data, never as code: ``trainer_state.pt`` is unpickled with
+``weights_only=True`` (tensors, numbers, strings and containers), so a run directory from elsewhere
+cannot run anything on ``--resume``. A checkpoint file that is damaged, or not what this version of
+posttrain writes, stops the resume with one line naming it, before anything in the run directory
+changes.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 from posttrain.config import ConfigError, RunConfig
-from posttrain.data.store import SCHEMA, TrajectoryStore, fsync_dir
+from posttrain.data.store import SCHEMA, DataError, TrajectoryStore, fsync_dir
 from posttrain.train.checkpoint import recover_checkpoints
 
 # Dotted keys (or prefixes ending in ".") that a resumed run may change.
@@ -62,7 +70,7 @@ def latest_checkpoint(run_dir: Path) -> Path:
     """The newest complete checkpoint (half-written ones keep a hidden ``.tmp`` name and are never listed)."""
     recover_checkpoints(run_dir)  # a replacement a crash interrupted is finished first
     done = [p for p in (run_dir / "checkpoints").glob("step-*")
-            if p.is_dir() and not p.name.endswith(".tmp") and (p / "trainer_state.pt").is_file()
+            if p.is_dir() and p.name.removeprefix("step-").isdigit() and (p / "trainer_state.pt").is_file()
             and (p / "config.json").is_file()]
     if not done:
         raise ConfigError(f"--resume {run_dir}: no complete checkpoint under {run_dir / 'checkpoints'} (a run saves "
@@ -72,7 +80,14 @@ def latest_checkpoint(run_dir: Path) -> Path:
 
 def check_resumable(checkpoint: Path, cfg: RunConfig) -> None:
     """Exit-2 error naming the first run-changing field where ``cfg`` differs from the checkpoint's."""
-    saved = json.loads((checkpoint / "config.json").read_text())
+    path = checkpoint / "config.json"
+    try:
+        saved = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise ConfigError(f"--resume: {path} is not the run config a checkpoint holds ({brief(e)})") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"--resume: {path} holds {json.dumps(saved)[:60]}, not the run config a checkpoint holds "
+                          "(a JSON object)")
     diff = changed_field(saved, cfg)
     if diff is not None:
         key, old, new = diff
@@ -104,15 +119,22 @@ def cut_metrics(run_dir: Path, step: int) -> None:
 
 def cut_eval_samples(run_dir: Path, step: int) -> None:
     for path in (run_dir / "eval_samples").glob("step-*.jsonl"):
-        if int(path.stem.removeprefix("step-")) > step:
+        number = path.stem.removeprefix("step-")
+        if number.isdigit() and int(number) > step:
             path.unlink()
 
 
 def cut_store(store: TrajectoryStore, step: int, run_ids: set[str]) -> None:
-    """Drop this run's rows sampled after ``step``: each part file is kept, rewritten or removed."""
+    """Drop this run's rows sampled after ``step``: each part file is kept, rewritten or removed. Every part is
+    read before any is changed, so that a part that does not read stops the resume with the store as it was."""
+    parts = []
     for name in store.files():
-        table = pq.read_table(name, schema=SCHEMA)
-        rows = table.to_pylist()
+        try:
+            parts.append((name, pq.read_table(name, schema=SCHEMA).to_pylist()))
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise DataError(f"--resume: trajectory store part {name} does not read as this store's Parquet "
+                            f"({brief(e)}); move it out of {store.path} to resume") from None
+    for name, rows in parts:
         keep = [r for r in rows if r["run_id"] not in run_ids or json.loads(r["metadata"]).get("step", 0) <= step]
         if len(keep) == len(rows):
             continue
@@ -127,11 +149,12 @@ def cut_store(store: TrajectoryStore, step: int, run_ids: set[str]) -> None:
 
 
 def cut_run_dir(run_dir: Path, step: int, store: TrajectoryStore | None, run_ids: set[str]) -> None:
-    """Everything written after ``step`` goes: metrics, held-out samples, store rows, the summary."""
-    cut_metrics(run_dir, step)
-    cut_eval_samples(run_dir, step)
+    """Everything written after ``step`` goes: store rows (first: the one cut that can fail on a damaged file),
+    metrics, held-out samples, the summary."""
     if store is not None:
         cut_store(store, step, run_ids)
+    cut_metrics(run_dir, step)
+    cut_eval_samples(run_dir, step)
     (run_dir / "summary.json").unlink(missing_ok=True)
 
 
@@ -142,17 +165,80 @@ def load_weights(policy, model_dir: Path) -> None:
     one; only the trained weights come from the checkpoint.
     """
     from peft import PeftModel, set_peft_model_state_dict
-    from safetensors.torch import load_file
 
     model = policy.model
     if isinstance(model, PeftModel):
-        set_peft_model_state_dict(model, load_file(str(model_dir / "adapter_model.safetensors")))
+        adapters = _read_weights(model_dir / "adapter_model.safetensors")
+        try:
+            set_peft_model_state_dict(model, adapters)
+        except RuntimeError as e:  # a tensor of another shape: adapters of another rank or model
+            raise ConfigError(f"--resume: the adapters in {model_dir} do not fit this run's model and "
+                              f"model.lora ({brief(e)})") from None
         return
     weights: dict = {}
     for part in sorted(model_dir.glob("model*.safetensors")):  # one file, or the shards of a large model
-        weights.update(load_file(str(part)))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+        weights.update(_read_weights(part))
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as e:  # the same names with other shapes
+        raise ConfigError(f"--resume: the weights in {model_dir} do not match model.name's architecture "
+                          f"({brief(e)})") from None
     tied = {k for k in missing if "lm_head" in k} if model.config.tie_word_embeddings else set()
     if not weights or set(missing) - tied or unexpected:
         raise ConfigError(f"--resume: the weights in {model_dir} do not match model.name's architecture "
                           f"(missing {sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]})")
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except SafetensorError as e:  # empty, cut short or not safetensors (a missing file is an OSError)
+        raise ConfigError(f"--resume: {path} is not a readable safetensors file ({brief(e)})") from None
+
+
+# What every checkpoint's trainer_state.pt holds (``critic`` too where the algorithm has one).
+TRAINER_STATE_KEYS = ("step", "optimizer", "scheduler", "torch_rng", "python_rng", "rng", "tasks", "algorithm",
+                      "next_demo", "run_ids")
+
+
+def load_trainer_state(checkpoint: Path, needs_critic: bool = False) -> dict[str, Any]:
+    """``checkpoint``'s ``trainer_state.pt``, unpickled as data only (see the module docstring), with the keys
+    the trainer restores; anything else is an exit-2 error naming the file."""
+    path = checkpoint / "trainer_state.pt"
+    with path.open("rb") as file:  # a file that cannot be opened is reported by the CLI with its name
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - whatever the bytes make the unpickler raise
+            raise ConfigError(f"--resume: {path} is not a trainer state posttrain wrote: {_unpickling_error(e)}") \
+                from None
+    if not isinstance(state, dict):
+        raise ConfigError(f"--resume: {path} holds a {type(state).__name__}, not a trainer state (a dict)")
+    missing = [key for key in (*TRAINER_STATE_KEYS, *(("critic",) if needs_critic else ())) if key not in state]
+    if missing:
+        raise ConfigError(f"--resume: {path} has no {', '.join(missing)}: not a trainer state of this run "
+                          "(written by another version of posttrain, or for an algorithm without a critic)")
+    return state
+
+
+def _unpickling_error(error: Exception) -> str:
+    """torch.load's reason, in a few words (its weights-only refusals run to a paragraph of advice)."""
+    text = str(error)
+    code = re.search(r"GLOBAL ([\w.]+)", text)
+    if code:
+        return (f"it asks to import {code.group(1)}, and a trainer state holds only tensors, numbers, strings and "
+                "containers (a checkpoint is never run as code)")
+    if isinstance(error, EOFError):
+        return "it is empty or cut short"
+    if "Weights only load failed" in text:
+        return "its bytes are not a pickle that torch.save wrote"
+    return f"{type(error).__name__}: {brief(error)}"
+
+
+def brief(error: BaseException) -> str:
+    """An exception's message on one line, at most 300 characters (load_state_dict's first line says only
+    that there were errors; the next ones say which)."""
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    return text[:300] or type(error).__name__

@@ -30,7 +30,14 @@ from posttrain.train.async_rollout import AsyncSampler
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
 from posttrain.train.curriculum import scheduled_max_turns, task_sampler
 from posttrain.train.optimizer import adamw, lr_schedule
-from posttrain.train.resume import check_resumable, cut_run_dir, latest_checkpoint, load_weights
+from posttrain.train.resume import (
+    brief,
+    check_resumable,
+    cut_run_dir,
+    latest_checkpoint,
+    load_trainer_state,
+    load_weights,
+)
 from posttrain.train.stats import RunningStats
 from posttrain.train.stopping import RunGuard
 from posttrain.types import Batch, Rewards, Task, Trajectory
@@ -144,20 +151,26 @@ class Trainer:
         return self.ctx.save_checkpoint(self.step, self.optimizer, self.scheduler, extra)
 
     def restore(self, checkpoint: Path) -> None:
-        """Continue exactly where ``checkpoint`` left off; the run directory is cut back to its step."""
-        state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+        """Continue exactly where ``checkpoint`` left off; the run directory is cut back to its step (last, so
+        that a checkpoint that cannot be restored leaves the run directory as it was)."""
+        state = load_trainer_state(checkpoint, needs_critic=self.critic is not None)
         load_weights(self.policy, checkpoint / "model")
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.tasks.load_state_dict(state["tasks"])
-        self.algorithm.load_state_dict(state["algorithm"])
-        if self.critic is not None:
-            self.critic.load_state_dict(state["critic"])
-        self.reward.load_state_dict(state.get("reward", {}))
-        self._next_demo = state["next_demo"]
-        self.step = state["step"]
-        self.run_ids = [*state["run_ids"], self.run_id]
-        self.ctx.restore_rngs(state)
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.tasks.load_state_dict(state["tasks"])
+            self.algorithm.load_state_dict(state["algorithm"])
+            if self.critic is not None:
+                self.critic.load_state_dict(state["critic"])
+            self.reward.load_state_dict(state.get("reward", {}))
+            self._next_demo = int(state["next_demo"])
+            self.step = int(state["step"])
+            self.run_ids = [*map(str, state["run_ids"]), self.run_id]
+            self.ctx.restore_rngs(state)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
+            # What load_state_dict and the generators' setters raise on a state of another shape.
+            raise ConfigError(f"--resume: {checkpoint / 'trainer_state.pt'} does not fit this run: "
+                              f"{type(e).__name__}: {brief(e)}") from None
         cut_run_dir(self.ctx.run_dir, self.step, self.store, set(self.run_ids))
 
     def train_step(self) -> dict[str, float]:
