@@ -164,6 +164,22 @@ def test_a_damaged_checkpoint_is_one_line_naming_it(tmp_path, file, damage):
     assert line.startswith("error: cannot load")
 
 
+@pytest.mark.parametrize("loader", ["reward model", "process reward model"])
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+def test_a_damaged_reward_model_is_a_model_load_error_naming_it(tmp_path, loader, damage):
+    from posttrain.models.loading import ModelLoadError
+    from posttrain.rewards.prm import load_prm
+    from posttrain.rewards.reward_model import load_reward_model
+
+    model_dir = _copy_model(tmp_path) / "model"
+    weights = model_dir / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 3] if damage == "truncate" else os.urandom(4096))
+    with pytest.raises(ModelLoadError) as e:
+        {"reward model": load_reward_model, "process reward model": load_prm}[loader](str(model_dir))
+    assert str(e.value).startswith(f"cannot load {loader} '{model_dir}'")
+
+
 def test_a_checkpoint_of_the_same_step_is_replaced_without_a_gap(tmp_path):
     """The old step directory is renamed aside, the new one renamed in, then the old one deleted;
     a crash between the two renames leaves the aside copy, which the next run puts back."""

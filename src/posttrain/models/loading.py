@@ -113,7 +113,7 @@ def load_tokenizer(name: str):
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 - see load_model
-        raise ModelLoadError(f"cannot load the tokenizer of {name!r}{_where(name, path)}: {describe_error(e)}") \
+        raise ModelLoadError(f"cannot load the tokenizer of {name!r}{where_from(name, path)}: {describe_error(e)}") \
             from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -128,7 +128,7 @@ def load_model(name: str, dtype: str = "float32") -> PreTrainedModel:
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     except Exception as e:  # noqa: BLE001 - a truncated, empty or garbage file raises any of a dozen types
-        raise ModelLoadError(f"cannot load model {name!r}{_where(name, path)}: {describe_error(e)}") from None
+        raise ModelLoadError(f"cannot load model {name!r}{where_from(name, path)}: {describe_error(e)}") from None
     copy_out_of_file(model)
     return model
 
@@ -154,7 +154,8 @@ def describe_error(error: BaseException) -> str:
     return f"{type(error).__name__}: {' '.join(lines)[:300]}" if lines else type(error).__name__
 
 
-def _where(name: str, path: str) -> str:
+def where_from(name: str, path: str) -> str:
+    """`` (from PATH)`` where ``name`` resolved to another path (a preset, a run directory), for error lines."""
     return "" if path == name else f" (from {path})"
 
 

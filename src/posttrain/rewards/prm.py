@@ -25,7 +25,13 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer
 
-from posttrain.models.loading import ModelLoadError, copy_out_of_file, resolve_model_path
+from posttrain.models.loading import (
+    ModelLoadError,
+    copy_out_of_file,
+    describe_error,
+    resolve_model_path,
+    where_from,
+)
 from posttrain.rewards.reward_model import padded
 from posttrain.types import Trajectory
 
@@ -63,8 +69,9 @@ def load_prm(name: str):
         model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
         copy_out_of_file(model)
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot load process reward model {name!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a damaged file raises any of a dozen types (see load_model)
+        raise ModelLoadError(f"cannot load process reward model {name!r}{where_from(name, path)}: "
+                             f"{describe_error(e)}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer

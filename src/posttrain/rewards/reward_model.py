@@ -17,7 +17,13 @@ import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from posttrain.data.pairs import PreferencePair
-from posttrain.models.loading import ModelLoadError, copy_out_of_file, resolve_model_path
+from posttrain.models.loading import (
+    ModelLoadError,
+    copy_out_of_file,
+    describe_error,
+    resolve_model_path,
+    where_from,
+)
 from posttrain.types import Trajectory
 
 
@@ -43,8 +49,9 @@ def load_reward_model(name: str):
         model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
         copy_out_of_file(model)
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"cannot load reward model {name!r}: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a damaged file raises any of a dozen types (see load_model)
+        raise ModelLoadError(f"cannot load reward model {name!r}{where_from(name, path)}: "
+                             f"{describe_error(e)}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     # The head reads the last token that is not padding; it must know which id pads.
