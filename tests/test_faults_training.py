@@ -25,10 +25,9 @@ def _capitals(tmp_path, **sections):
 # ------------------------------------------------------------------ signals
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_during_training_saves_a_checkpoint_says_where_and_exits(tmp_path, signum):
-    config = _capitals(tmp_path, train={"steps": 500})
+def _stop_with_a_signal(tmp_path, config: Path, signum: int) -> None:
+    """Start ``posttrain train config``, send ``signum`` once a step is logged, and check that the step in flight
+    finished, was saved and that the stop was said in one line with exit code 128 + signum."""
     proc = subprocess.Popen([sys.executable, "-m", "posttrain.cli", "train", str(config)], env=ENV, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "run" / "metrics.jsonl"
@@ -48,6 +47,21 @@ def test_a_signal_during_training_saves_a_checkpoint_says_where_and_exits(tmp_pa
     assert (checkpoint / "model" / "model.safetensors").is_file() and (checkpoint / "trainer_state.pt").is_file()
     logged = [json.loads(x)["step"] for x in metrics.read_text().splitlines()]
     assert logged[-1] == step  # the step in flight finished and was logged before the save
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_training_saves_a_checkpoint_says_where_and_exits(tmp_path, signum):
+    _stop_with_a_signal(tmp_path, _capitals(tmp_path, train={"steps": 500}), signum)
+
+
+@pytest.mark.slow
+def test_a_signal_during_self_play_saves_a_checkpoint_says_where_and_exits(tmp_path):
+    config = tiny_config(tmp_path, env={"id": "tictactoe", "kwargs": {}}, algorithm={"group_size": 2},
+                         train={"steps": 500, "tasks_per_step": 2}, rollout={"max_new_tokens": 3},
+                         eval={"num_tasks": 2, "max_new_tokens": 3, "before_training": False},
+                         multi_agent={"eval_opponents": ["random"]})
+    _stop_with_a_signal(tmp_path, config, signal.SIGTERM)
 
 
 # ------------------------------------------------------------------ every episode failed

@@ -103,14 +103,17 @@ def _demonstrations(path: Path) -> Path:
     return path
 
 
-def test_sft_on_demonstrations_lowers_their_loss(tmp_path):
+def test_sft_on_demonstrations_lowers_their_loss_and_checkpoints_as_asked(tmp_path):
     config = tiny_config(tmp_path, **{**OFFLINE, "offline": {**OFFLINE["offline"], "epochs": 5}})
     demos = _demonstrations(tmp_path / "demos.jsonl")
-    proc = run_cli("sft", config, "--set", "offline.method=sft", "--set", f"sft.demonstrations={demos}")
+    proc = run_cli("sft", config, "--set", "offline.method=sft", "--set", f"sft.demonstrations={demos}",
+                   "--set", "train.checkpoint_every=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     train = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in train if r["split"] == "train" and r["step"] > 0]
     assert len(losses) == 5 and losses[-1] < losses[0]
+    checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert checkpoints == ["step-000002", "step-000004", "step-000005"]  # every 2 steps and the last
 
 
 def test_offline_user_errors_are_one_line_exit_2(tmp_path):

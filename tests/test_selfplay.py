@@ -35,6 +35,21 @@ def test_self_play_step_trains_every_seat_and_reports_per_role_results(tmp_path)
     assert (result.run_dir / "checkpoints" / "step-000001" / "model").is_dir()
 
 
+def test_checkpoint_every_saves_the_live_policy_between_steps(tmp_path):
+    """Checkpoints every 2 steps and at the end, each of the policy's own weights (a pool opponent's snapshot is
+    loaded into the same model while it plays)."""
+    trainer = SelfPlayTrainer(config(tmp_path, "train.steps=3", "train.checkpoint_every=2", "multi_agent.opponent=pool",
+                                     "multi_agent.pool_every=1"))
+    trainer.train()
+    checkpoints = trainer.run_dir / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-000002", "step-000003"]
+    from safetensors.torch import load_file
+
+    saved = load_file(str(checkpoints / "step-000003" / "model" / "model.safetensors"))
+    live = trainer.policy.model.state_dict()
+    assert all(torch.equal(saved[name], live[name]) for name in saved)
+
+
 @pytest.mark.parametrize("advantage", ["role_groups", "groups"])
 def test_group_baselines_per_role_or_pooled(tmp_path, advantage):
     trainer = SelfPlayTrainer(config(tmp_path, f"multi_agent.advantage={advantage}"))

@@ -182,9 +182,12 @@ class OfflineTrainer:
                         metrics["epoch"] = float(epoch + 1)
                         ctx.log("train", self.step, metrics)
                         ctx.progress("train", self.step, total, metrics)
+                        if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+                            self.save()
                 guard.check()
                 after = self.evaluate()
-                self.save()
+                if not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every:
+                    self.save()
             finally:
                 ctx.close()
         result = TrainResult(ctx.run_dir, before, after, self.step, time.time() - start)

@@ -30,6 +30,7 @@ from posttrain.train.context import ProgressHook, RunContext
 from posttrain.train.game_metrics import game_metrics
 from posttrain.train.optimizer import adamw, lr_schedule
 from posttrain.train.policy_pool import PolicyPool, adapter_name, add_role_adapters
+from posttrain.train.stopping import RunGuard
 from posttrain.types import Batch, GameResult, Task, Trajectory
 
 
@@ -69,7 +70,8 @@ class SelfPlayTrainer:
         self.sampling = self.ctx.sampling()
         self.baselines: dict = {}
         self._task_rng = random.Random(cfg.seed)
-        self.step = 0
+        self.step = 0  # the step being played or trained
+        self.trained_steps = 0  # steps whose update is done (what a checkpoint holds)
 
     def _learners(self) -> dict[str, LLMPlayer]:
         """The policy's player for each role (one shared player, or one per role adapter)."""
@@ -87,26 +89,39 @@ class SelfPlayTrainer:
     def train(self) -> SelfPlayResult:
         cfg, ctx, start = self.cfg, self.ctx, time.time()
         ctx.start_run()
-        try:
-            before = self.evaluate() if cfg.eval.before_training else None
-            while self.step < cfg.train.steps:
-                self.step += 1
-                metrics = self.train_step()
-                ctx.log("train", self.step, metrics)
-                self.progress("train", self.step, cfg.train.steps, metrics)
-                if cfg.multi_agent.opponent == "pool" and self.step % cfg.multi_agent.pool_every == 0:
-                    self.pool.add()
-                if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
-                    self.evaluate()
-            after = self.evaluate()
-            ctx.save_checkpoint(self.step, self.optimizer, self.scheduler,
-                                {"baselines": {"|".join(k): v for k, v in self.baselines.items()}})
-        finally:
-            self.pool.activate_live()
-            ctx.close()
+        # A signal or a failing disk stops the run after the step in flight, its weights saved first.
+        with RunGuard(self.save, lambda: self.trained_steps) as guard:
+            try:
+                before = self.evaluate() if cfg.eval.before_training else None
+                while self.step < cfg.train.steps:
+                    guard.check()
+                    self.step += 1  # before the step: its games' seeds follow it
+                    metrics = self.train_step()
+                    self.trained_steps = self.step
+                    ctx.log("train", self.step, metrics)
+                    self.progress("train", self.step, cfg.train.steps, metrics)
+                    if cfg.multi_agent.opponent == "pool" and self.step % cfg.multi_agent.pool_every == 0:
+                        self.pool.add()
+                    if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
+                        self.evaluate()
+                    if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+                        self.save()
+                guard.check()
+                after = self.evaluate()
+                if not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every:
+                    self.save()
+            finally:
+                self.pool.activate_live()
+                ctx.close()
         result = SelfPlayResult(self.run_dir, before, after, self.step, time.time() - start)
         ctx.write_summary({"steps": self.step, "seconds": result.seconds, "before": before, "after": after})
         return result
+
+    def save(self) -> Path:
+        """A checkpoint of the weights after the last finished step (the live policy's, not a pool member's)."""
+        self.pool.activate_live()
+        return self.ctx.save_checkpoint(self.trained_steps, self.optimizer, self.scheduler,
+                                        {"baselines": {"|".join(k): v for k, v in self.baselines.items()}})
 
     def _next_tasks(self, n: int) -> list[Task]:
         return [self.train_tasks[self._task_rng.randrange(len(self.train_tasks))] for _ in range(n)]
