@@ -110,7 +110,8 @@ def test_bad_multi_agent_configs_say_what_is_wrong(tmp_path, overrides, message)
 
 @pytest.mark.slow
 def test_posttrain_train_runs_the_example_self_play_config(tmp_path):
-    """`posttrain train examples/tictactoe_selfplay.yaml` dispatches to the multi-agent trainer."""
+    """`posttrain train examples/tictactoe_selfplay.yaml` dispatches to the multi-agent trainer, and `--resume`
+    continues it."""
     import os
     import subprocess
     import sys
@@ -126,6 +127,37 @@ def test_posttrain_train_runs_the_example_self_play_config(tmp_path):
     assert "opponent" in proc.stdout and "random" in proc.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 1 and "random/win" in summary["after"]
+    resumed = subprocess.run(
+        [sys.executable, "-m", "posttrain.cli", "train", "examples/tictactoe_selfplay.yaml", "--set",
+         "model.name=tiny-random", "--set", "train.steps=2", "--set", "eval.num_tasks=2", "--resume",
+         str(tmp_path / "run")], capture_output=True, text=True, cwd=root, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["before"] is None  # continued from step 1, not evaluated again
     bad = subprocess.run([sys.executable, "-m", "posttrain.cli", "train", "examples/tictactoe_selfplay.yaml", "--set",
                           "multi_agent.policies=per_role"], capture_output=True, text=True, cwd=root, env=env)
     assert bad.returncode == 2 and "model.lora.enabled" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _train_records(run_dir):
+    timing = ("seconds", "tokens_per_second")
+    return [{k: v for k, v in r.items() if not k.endswith(timing) and k != "time"} for r in records(run_dir, "train")]
+
+
+@pytest.mark.parametrize("extra", [[], ["model.lora.enabled=true", "multi_agent.policies=per_role"]],
+                         ids=["full-fine-tuning", "per-role-adapters"])
+def test_a_resumed_self_play_run_equals_an_uninterrupted_one(tmp_path, extra):
+    """Two steps, then --resume to four, against four at once: every train metric and the final weights equal,
+    with sampled moves, SPIRAL's role baselines and a pool of past policies as opponents carried across."""
+    common = ["env.id=kuhn_poker", "train.checkpoint_every=2", "multi_agent.opponent=pool",  # cards dealt by seed
+              "multi_agent.pool_every=1", "rollout.temperature=1.0", *extra]
+    whole = SelfPlayTrainer(config(tmp_path / "whole", "train.steps=4", *common))
+    whole.train()
+    SelfPlayTrainer(config(tmp_path / "cut", "train.steps=2", *common)).train()
+    resumed = SelfPlayTrainer(config(tmp_path / "cut", "train.steps=4", *common), resume=tmp_path / "cut" / "run")
+    assert resumed.step == 2 and len(resumed.pool) == 2 and resumed.baselines  # restored, not started afresh
+    resumed.train()
+    assert _train_records(resumed.run_dir) == _train_records(whole.run_dir)
+    assert len(_train_records(whole.run_dir)) == 4
+    live, again = whole.policy.model.state_dict(), resumed.policy.model.state_dict()
+    assert all(torch.equal(live[name], again[name]) for name in live)

@@ -142,8 +142,6 @@ def train(
         if resume is not None and not Path(resume).is_dir():
             raise ConfigError(f"--resume {resume}: no such run directory")
         if env_is_multi_agent(cfg.env.id, cfg.env.kwargs):
-            if resume is not None:
-                raise ConfigError("--resume continues single-agent runs; self-play runs cannot resume yet")
             from posttrain.train.selfplay import SelfPlayTrainer as trainer_class
             reward_key = "reward"
         else:
@@ -155,8 +153,7 @@ def train(
         with run_dir, _progress() as progress:
             hook = _progress_hook(progress, lambda info: f"reward {info[reward_key]:.2f}  "
                                                          f"{info['step_seconds']:.1f}s/step")
-            result = (trainer_class(cfg, progress=hook, resume=resume) if resume is not None
-                      else trainer_class(cfg, progress=hook)).train()
+            result = trainer_class(cfg, progress=hook, resume=resume).train()
     title = f"posttrain: {cfg.model.name} on {cfg.env.id}"
     if not _is_rank_zero():
         return

@@ -211,6 +211,12 @@ class RunContext:
             samples.write_text("".join(dumps_finite(s) + "\n" for s in result.samples))
         return result
 
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether ``train.checkpoint_every`` asks for a checkpoint after ``step`` (the trainers also save after
+        their last step, where this is False)."""
+        every = self.cfg.train.checkpoint_every
+        return bool(every) and step % every == 0
+
     def save_checkpoint(self, step: int, optimizer, scheduler, extra: dict) -> Path:
         """Rank 0 writes it; with FSDP every rank takes part in gathering the weights, and the sharded
         optimiser state is left out (FSDP runs do not resume yet)."""

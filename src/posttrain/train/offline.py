@@ -182,11 +182,11 @@ class OfflineTrainer:
                         metrics["epoch"] = float(epoch + 1)
                         ctx.log("train", self.step, metrics)
                         ctx.progress("train", self.step, total, metrics)
-                        if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+                        if ctx.checkpoint_due(self.step):
                             self.save()
                 guard.check()
                 after = self.evaluate()
-                if not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every:
+                if not ctx.checkpoint_due(self.step):  # the last step's checkpoint, unless just written
                     self.save()
             finally:
                 ctx.close()

@@ -25,6 +25,8 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,20 @@ def latest_checkpoint(run_dir: Path) -> Path:
         raise ConfigError(f"--resume {run_dir}: no complete checkpoint under {run_dir / 'checkpoints'} (a run saves "
                           "one every train.checkpoint_every steps and at the end)")
     return max(done, key=lambda p: int(p.name.removeprefix("step-")))
+
+
+def resume_from(resume: str | Path | None, cfg: RunConfig) -> tuple[Path | None, RunConfig]:
+    """For a trainer's ``resume`` argument: the checkpoint to restore (None without one) and the config to run,
+    writing into the resumed directory. Every check runs here, before any model is loaded, so a refused resume
+    costs nothing."""
+    if resume is None:
+        return None, cfg
+    checkpoint = latest_checkpoint(Path(resume))
+    check_resumable(checkpoint, cfg)
+    if cfg.train.async_steps or cfg.train.fsdp:
+        raise ConfigError("--resume: runs with train.async_steps or train.fsdp cannot resume exactly yet "
+                          "(in-flight rollouts and sharded optimiser state are not checkpointed)")
+    return checkpoint, cfg.model_copy(update={"output_dir": str(resume)})
 
 
 def check_resumable(checkpoint: Path, cfg: RunConfig) -> None:
@@ -199,14 +215,15 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
         raise ConfigError(f"--resume: {path} is not a readable safetensors file ({brief(e)})") from None
 
 
-# What every checkpoint's trainer_state.pt holds (``critic`` too where the algorithm has one).
-TRAINER_STATE_KEYS = ("step", "optimizer", "scheduler", "torch_rng", "python_rng", "rng", "tasks", "algorithm",
-                      "next_demo", "run_ids")
+# What every checkpoint's trainer_state.pt holds (:func:`posttrain.train.checkpoint.save_checkpoint`); each
+# trainer adds its own keys.
+CHECKPOINT_KEYS = ("step", "optimizer", "scheduler", "torch_rng", "python_rng", "rng")
 
 
-def load_trainer_state(checkpoint: Path, needs_critic: bool = False) -> dict[str, Any]:
-    """``checkpoint``'s ``trainer_state.pt``, unpickled as data only (see the module docstring), with the keys
-    the trainer restores; anything else is an exit-2 error naming the file."""
+def load_trainer_state(checkpoint: Path, keys: tuple[str, ...]) -> dict[str, Any]:
+    """``checkpoint``'s ``trainer_state.pt``, unpickled as data only (see the module docstring), holding
+    :data:`CHECKPOINT_KEYS` and ``keys`` (what the trainer restores); anything else is an exit-2 error naming
+    the file."""
     path = checkpoint / "trainer_state.pt"
     with path.open("rb") as file:  # a file that cannot be opened is reported by the CLI with its name
         try:
@@ -216,11 +233,22 @@ def load_trainer_state(checkpoint: Path, needs_critic: bool = False) -> dict[str
                 from None
     if not isinstance(state, dict):
         raise ConfigError(f"--resume: {path} holds a {type(state).__name__}, not a trainer state (a dict)")
-    missing = [key for key in (*TRAINER_STATE_KEYS, *(("critic",) if needs_critic else ())) if key not in state]
+    missing = [key for key in (*CHECKPOINT_KEYS, *keys) if key not in state]
     if missing:
-        raise ConfigError(f"--resume: {path} has no {', '.join(missing)}: not a trainer state of this run "
-                          "(written by another version of posttrain, or for an algorithm without a critic)")
+        raise ConfigError(f"--resume: {path} has no {', '.join(missing)}: not a trainer state of this run's "
+                          "trainer (written by another version of posttrain, or by another kind of run)")
     return state
+
+
+@contextmanager
+def restoring(checkpoint: Path) -> Iterator[None]:
+    """Around a trainer's restore from ``checkpoint``'s state: what ``load_state_dict`` and the generators'
+    setters raise on a state of another shape becomes an exit-2 error naming the file."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
+        raise ConfigError(f"--resume: {checkpoint / 'trainer_state.pt'} does not fit this run: "
+                          f"{type(e).__name__}: {brief(e)}") from None
 
 
 def _unpickling_error(error: Exception) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from peft import PeftModel
 
 from posttrain.algorithms import Algorithm, Normaliser, keyed_group_advantages, role_conditioned_advantages
 from posttrain.config import ConfigError, RunConfig
@@ -30,6 +31,7 @@ from posttrain.train.context import ProgressHook, RunContext
 from posttrain.train.game_metrics import game_metrics
 from posttrain.train.optimizer import adamw, lr_schedule
 from posttrain.train.policy_pool import PolicyPool, adapter_name, add_role_adapters
+from posttrain.train.resume import cut_run_dir, load_trainer_state, load_weights, restoring, resume_from
 from posttrain.train.stopping import RunGuard
 from posttrain.types import Batch, GameResult, Task, Trajectory
 
@@ -47,7 +49,8 @@ class SelfPlayTrainer:
     """The multi-agent trainer, composed from the shared :class:`RunContext` (envs, policy, backend,
     logger, checkpoints) and :class:`Algorithm` (the clipped-surrogate loss)."""
 
-    def __init__(self, cfg: RunConfig, progress: ProgressHook | None = None):
+    def __init__(self, cfg: RunConfig, progress: ProgressHook | None = None, resume: str | Path | None = None):
+        checkpoint, cfg = resume_from(resume, cfg)
         self.cfg, ma = cfg, cfg.multi_agent
         self.roles = _check_multi_agent(cfg)  # before the model loads: a bad config fails at once
         self.train_roles = ma.train_roles or self.roles
@@ -72,6 +75,9 @@ class SelfPlayTrainer:
         self._task_rng = random.Random(cfg.seed)
         self.step = 0  # the step being played or trained
         self.trained_steps = 0  # steps whose update is done (what a checkpoint holds)
+        self.resumed_from = checkpoint
+        if checkpoint is not None:
+            self.restore(checkpoint)
 
     def _learners(self) -> dict[str, LLMPlayer]:
         """The policy's player for each role (one shared player, or one per role adapter)."""
@@ -92,7 +98,7 @@ class SelfPlayTrainer:
         # A signal or a failing disk stops the run after the step in flight, its weights saved first.
         with RunGuard(self.save, lambda: self.trained_steps) as guard:
             try:
-                before = self.evaluate() if cfg.eval.before_training else None
+                before = self.evaluate() if cfg.eval.before_training and self.resumed_from is None else None
                 while self.step < cfg.train.steps:
                     guard.check()
                     self.step += 1  # before the step: its games' seeds follow it
@@ -104,11 +110,11 @@ class SelfPlayTrainer:
                         self.pool.add()
                     if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
                         self.evaluate()
-                    if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+                    if ctx.checkpoint_due(self.step):
                         self.save()
                 guard.check()
                 after = self.evaluate()
-                if not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every:
+                if not ctx.checkpoint_due(self.step):  # the last step's checkpoint, unless just written
                     self.save()
             finally:
                 self.pool.activate_live()
@@ -118,10 +124,38 @@ class SelfPlayTrainer:
         return result
 
     def save(self) -> Path:
-        """A checkpoint of the weights after the last finished step (the live policy's, not a pool member's)."""
+        """A checkpoint after the last finished step: the live policy's weights (not a pool member's) and all a
+        resumed run needs besides (:meth:`restore`)."""
         self.pool.activate_live()
-        return self.ctx.save_checkpoint(self.trained_steps, self.optimizer, self.scheduler,
-                                        {"baselines": {"|".join(k): v for k, v in self.baselines.items()}})
+        extra = {"baselines": [[list(key), value] for key, value in self.baselines.items()],
+                 "task_rng": self._task_rng.getstate(),
+                 "pool": {"snapshots": list(self.pool.snapshots), "added": self.pool.added}}
+        if isinstance(self.policy.model, PeftModel):  # every role's adapters, which model/ does not all hold
+            extra["adapters"] = [p.detach() for p in self.params]
+        return self.ctx.save_checkpoint(self.trained_steps, self.optimizer, self.scheduler, extra)
+
+    def restore(self, checkpoint: Path) -> None:
+        """Continue exactly where ``checkpoint`` left off: the weights (every role's adapters), optimiser and
+        scheduler, the RNGs and the seed sampler's, the role baselines and the opponent pool; the run directory
+        is cut back to its step."""
+        lora = isinstance(self.policy.model, PeftModel)
+        state = load_trainer_state(checkpoint, ("baselines", "task_rng", "pool", *(("adapters",) if lora else ())))
+        if not lora:
+            load_weights(self.policy, checkpoint / "model")
+        with restoring(checkpoint):
+            if lora:
+                with torch.no_grad():
+                    for param, saved in zip(self.params, state["adapters"], strict=True):
+                        param.copy_(saved)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.baselines = {tuple(key): float(value) for key, value in state["baselines"]}
+            self._task_rng.setstate(state["task_rng"])
+            self.pool.snapshots.extend(state["pool"]["snapshots"])
+            self.pool.added = int(state["pool"]["added"])
+            self.step = self.trained_steps = int(state["step"])
+            self.ctx.restore_rngs(state)
+        cut_run_dir(self.run_dir, self.step, None, set())
 
     def _next_tasks(self, n: int) -> list[Task]:
         return [self.train_tasks[self._task_rng.randrange(len(self.train_tasks))] for _ in range(n)]

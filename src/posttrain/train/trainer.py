@@ -18,7 +18,7 @@ import torch
 
 from posttrain.algorithms import Algorithm, Normaliser
 from posttrain.algorithms.preference import sft_loss
-from posttrain.config import ConfigError, RunConfig
+from posttrain.config import RunConfig
 from posttrain.data.demonstrations import load_demonstrations
 from posttrain.data.store import TrajectoryStore
 from posttrain.envs.contract import step_metrics
@@ -30,14 +30,7 @@ from posttrain.train.async_rollout import AsyncSampler
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
 from posttrain.train.curriculum import scheduled_max_turns, task_sampler
 from posttrain.train.optimizer import adamw, lr_schedule
-from posttrain.train.resume import (
-    brief,
-    check_resumable,
-    cut_run_dir,
-    latest_checkpoint,
-    load_trainer_state,
-    load_weights,
-)
+from posttrain.train.resume import cut_run_dir, load_trainer_state, load_weights, restoring, resume_from
 from posttrain.train.stats import RunningStats
 from posttrain.train.stopping import RunGuard
 from posttrain.types import Batch, Rewards, Task, Trajectory
@@ -54,14 +47,7 @@ class Trainer:
     """``resume``: a run directory to continue from its newest complete checkpoint (see train.resume)."""
 
     def __init__(self, cfg: RunConfig, progress: ProgressHook | None = None, resume: str | Path | None = None):
-        checkpoint = None
-        if resume is not None:
-            checkpoint = latest_checkpoint(Path(resume))
-            check_resumable(checkpoint, cfg)  # before any model is loaded: a refused resume costs nothing
-            if cfg.train.async_steps or cfg.train.fsdp:
-                raise ConfigError("--resume: runs with train.async_steps or train.fsdp cannot resume exactly yet "
-                                  "(in-flight rollouts and sharded optimiser state are not checkpointed)")
-            cfg = cfg.model_copy(update={"output_dir": str(resume)})
+        checkpoint, cfg = resume_from(resume, cfg)
         self.cfg = cfg
         self.algorithm = Algorithm(cfg.algorithm, max_new_tokens=cfg.rollout.max_new_tokens,
                                    optimizer_steps_per_batch=optimizer_steps_per_batch(cfg))
@@ -124,12 +110,12 @@ class Trainer:
                     ctx.progress("train", self.step, cfg.train.steps, metrics)
                     if cfg.eval.every and self.step % cfg.eval.every == 0 and self.step < cfg.train.steps:
                         self.evaluate()
-                    if cfg.train.checkpoint_every and self.step % cfg.train.checkpoint_every == 0:
+                    if ctx.checkpoint_due(self.step):
                         self.save()
                 guard.check()
                 after = self.evaluate()
                 after.raise_if_all_failed(f"after step {self.step}")
-                if not cfg.train.checkpoint_every or self.step % cfg.train.checkpoint_every:
+                if not ctx.checkpoint_due(self.step):  # the last step's checkpoint, unless just written
                     self.save()
             finally:
                 if self.async_sampler is not None:
@@ -153,9 +139,10 @@ class Trainer:
     def restore(self, checkpoint: Path) -> None:
         """Continue exactly where ``checkpoint`` left off; the run directory is cut back to its step (last, so
         that a checkpoint that cannot be restored leaves the run directory as it was)."""
-        state = load_trainer_state(checkpoint, needs_critic=self.critic is not None)
+        state = load_trainer_state(checkpoint, ("tasks", "algorithm", "next_demo", "run_ids",
+                                                *(("critic",) if self.critic is not None else ())))
         load_weights(self.policy, checkpoint / "model")
-        try:
+        with restoring(checkpoint):
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             self.tasks.load_state_dict(state["tasks"])
@@ -167,10 +154,6 @@ class Trainer:
             self.step = int(state["step"])
             self.run_ids = [*map(str, state["run_ids"]), self.run_id]
             self.ctx.restore_rngs(state)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
-            # What load_state_dict and the generators' setters raise on a state of another shape.
-            raise ConfigError(f"--resume: {checkpoint / 'trainer_state.pt'} does not fit this run: "
-                              f"{type(e).__name__}: {brief(e)}") from None
         cut_run_dir(self.ctx.run_dir, self.step, self.store, set(self.run_ids))
 
     def train_step(self) -> dict[str, float]:
