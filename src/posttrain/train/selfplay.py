@@ -130,8 +130,8 @@ class SelfPlayTrainer:
         extra = {"baselines": [[list(key), value] for key, value in self.baselines.items()],
                  "task_rng": self._task_rng.getstate(),
                  "pool": {"snapshots": list(self.pool.snapshots), "added": self.pool.added}}
-        if isinstance(self.policy.model, PeftModel):  # every role's adapters, which model/ does not all hold
-            extra["adapters"] = [p.detach() for p in self.params]
+        if isinstance(self.policy.model, PeftModel):  # every role's adapters, small enough to keep here as well:
+            extra["adapters"] = [p.detach() for p in self.params]  # model/ has them in one folder per adapter
         return self.ctx.save_checkpoint(self.trained_steps, self.optimizer, self.scheduler, extra)
 
     def restore(self, checkpoint: Path) -> None:
