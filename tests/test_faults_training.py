@@ -64,6 +64,29 @@ def test_a_signal_during_self_play_saves_a_checkpoint_says_where_and_exits(tmp_p
     _stop_with_a_signal(tmp_path, config, signal.SIGTERM)
 
 
+@pytest.mark.slow
+def test_a_signal_during_reward_model_training_saves_the_model_says_where_and_exits(tmp_path):
+    from test_reward_model import _store
+
+    _store(tmp_path / "store")
+    config = tiny_config(tmp_path, reward_model={"store": str(tmp_path / "store"), "epochs": 100000})
+    proc = subprocess.Popen([sys.executable, "-m", "posttrain.cli", "rm", "train", str(config)], env=ENV, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "run" / "reward_model-logs" / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= 1) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if x.startswith("stopped:")]
+    step = int(line.split("after step ")[1].split(":")[0])
+    assert line.endswith(f"checkpoint saved to {tmp_path / 'run' / 'reward_model'}")
+    assert (tmp_path / "run" / "reward_model" / "model.safetensors").is_file()
+    assert json.loads(metrics.read_text().splitlines()[-1])["step"] == step  # the step in flight finished
+
+
 # ------------------------------------------------------------------ every episode failed
 
 

@@ -26,6 +26,7 @@ from posttrain.rewards.prm import load_prm, prm_loss, step_ends, step_logits
 from posttrain.rollout import EnvPool, HFBackend, SamplingParams, run_episodes
 from posttrain.train.metrics import MetricsLogger
 from posttrain.train.optimizer import adamw
+from posttrain.train.stopping import RunGuard
 from posttrain.types import Trajectory
 
 
@@ -166,29 +167,38 @@ def train_prm(cfg: RunConfig, progress=None) -> PRMResult:
     auc_before, eval_steps = step_auc(model, pad, held)
     optimizer = adamw(list(model.parameters()), p.learning_rate, cfg.train.weight_decay)
     rng, step, total = random.Random(cfg.seed), 0, p.epochs * -(-len(train) // p.batch_size)
-    try:
-        for epoch in range(p.epochs):
-            order = list(range(len(train)))
-            rng.shuffle(order)
-            for s in range(0, len(order), p.batch_size):
-                model.train()
-                batch = [train[i] for i in order[s : s + p.batch_size]]
-                optimizer.zero_grad(set_to_none=True)
-                loss = prm_loss(_logits(model, pad, batch), [x.labels for x in batch])
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
-                optimizer.step()
-                step += 1
-                metrics = {"loss": loss.item(), "grad_norm": float(grad_norm), "epoch": float(epoch + 1)}
-                logger.log("prm_train", step, metrics)
-                if progress:
-                    progress("train", step, total, metrics)
-        auc_after, _ = step_auc(model, pad, held)
-        logger.log("prm_eval", step, {"step_auc": auc_after})
-    finally:
-        logger.close()
-    model.save_pretrained(output)
-    tokenizer.save_pretrained(output)
+
+    def save() -> Path:
+        model.save_pretrained(output)
+        tokenizer.save_pretrained(output)
+        return output
+
+    # A signal or a failing disk stops training after the step in flight, the model saved first.
+    with RunGuard(save, lambda: step) as guard:
+        try:
+            for epoch in range(p.epochs):
+                order = list(range(len(train)))
+                rng.shuffle(order)
+                for s in range(0, len(order), p.batch_size):
+                    guard.check()
+                    model.train()
+                    batch = [train[i] for i in order[s : s + p.batch_size]]
+                    optimizer.zero_grad(set_to_none=True)
+                    loss = prm_loss(_logits(model, pad, batch), [x.labels for x in batch])
+                    loss.backward()
+                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+                    optimizer.step()
+                    step += 1
+                    metrics = {"loss": loss.item(), "grad_norm": float(grad_norm), "epoch": float(epoch + 1)}
+                    logger.log("prm_train", step, metrics)
+                    if progress:
+                        progress("train", step, total, metrics)
+            guard.check()
+            auc_after, _ = step_auc(model, pad, held)
+            logger.log("prm_eval", step, {"step_auc": auc_after})
+        finally:
+            logger.close()
+    save()
     marked = [x for x in train if x.truth is not None]
     result = PRMResult(
         output=str(output), train_solutions=len(train), train_steps=sum(len(x.ends) for x in train),

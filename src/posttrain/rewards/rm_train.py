@@ -22,6 +22,7 @@ from posttrain.data.store import DataError, TrajectoryStore
 from posttrain.rewards.reward_model import load_reward_model, pair_loss, pairwise_accuracy
 from posttrain.train.metrics import MetricsLogger
 from posttrain.train.optimizer import adamw
+from posttrain.train.stopping import RunGuard
 
 
 @dataclass
@@ -74,30 +75,39 @@ def train_reward_model(cfg: RunConfig, progress=None) -> RewardModelResult:
     optimizer = adamw(list(model.parameters()), rm.learning_rate, cfg.train.weight_decay)
     rng, step = random.Random(cfg.seed), 0
     total = rm.epochs * -(-len(train) // rm.batch_size)
-    try:
-        for epoch in range(rm.epochs):
-            order = list(range(len(train)))
-            rng.shuffle(order)
-            for s in range(0, len(order), rm.batch_size):
-                model.train()
-                optimizer.zero_grad(set_to_none=True)
-                loss, gap = pair_loss(model, [train[i] for i in order[s : s + rm.batch_size]], pad, rm.max_length,
-                                      rm.center_coefficient)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
-                optimizer.step()
-                step += 1
-                metrics = {"loss": loss.item(), "accuracy": float((gap > 0).float().mean()),
-                           "margin": float(gap.mean()), "grad_norm": float(grad_norm), "epoch": float(epoch + 1)}
-                logger.log("rm_train", step, metrics)
-                if progress:
-                    progress("train", step, total, metrics)
-        after = pairwise_accuracy(model, held, pad, rm.max_length)
-        logger.log("rm_eval", step, {"pairwise_accuracy": after})
-    finally:
-        logger.close()
-    model.save_pretrained(output)
-    tokenizer.save_pretrained(output)
+
+    def save() -> Path:
+        model.save_pretrained(output)
+        tokenizer.save_pretrained(output)
+        return output
+
+    # A signal or a failing disk stops training after the step in flight, the model saved first.
+    with RunGuard(save, lambda: step) as guard:
+        try:
+            for epoch in range(rm.epochs):
+                order = list(range(len(train)))
+                rng.shuffle(order)
+                for s in range(0, len(order), rm.batch_size):
+                    guard.check()
+                    model.train()
+                    optimizer.zero_grad(set_to_none=True)
+                    pairs = [train[i] for i in order[s : s + rm.batch_size]]
+                    loss, gap = pair_loss(model, pairs, pad, rm.max_length, rm.center_coefficient)
+                    loss.backward()
+                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+                    optimizer.step()
+                    step += 1
+                    metrics = {"loss": loss.item(), "accuracy": float((gap > 0).float().mean()),
+                               "margin": float(gap.mean()), "grad_norm": float(grad_norm), "epoch": float(epoch + 1)}
+                    logger.log("rm_train", step, metrics)
+                    if progress:
+                        progress("train", step, total, metrics)
+            guard.check()
+            after = pairwise_accuracy(model, held, pad, rm.max_length)
+            logger.log("rm_eval", step, {"pairwise_accuracy": after})
+        finally:
+            logger.close()
+    save()
     result = RewardModelResult(str(output), len(train), len(held), before, after, step, time.time() - start)
     (output / "training.json").write_text(json.dumps(asdict(result), indent=2))
     return result
