@@ -36,6 +36,7 @@ import torch
 
 from posttrain.config import ConfigError, RunConfig
 from posttrain.data.store import SCHEMA, DataError, TrajectoryStore, fsync_dir
+from posttrain.models.loading import describe_error
 from posttrain.train.checkpoint import recover_checkpoints
 
 # Dotted keys (or prefixes ending in ".") that a resumed run may change.
@@ -100,7 +101,7 @@ def check_resumable(checkpoint: Path, cfg: RunConfig) -> None:
     try:
         saved = json.loads(path.read_bytes())
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
-        raise ConfigError(f"--resume: {path} is not the run config a checkpoint holds ({brief(e)})") from None
+        raise ConfigError(f"--resume: {path} is not the run config a checkpoint holds ({describe_error(e)})") from None
     if not isinstance(saved, dict):
         raise ConfigError(f"--resume: {path} holds {json.dumps(saved)[:60]}, not the run config a checkpoint holds "
                           "(a JSON object)")
@@ -149,7 +150,7 @@ def cut_store(store: TrajectoryStore, step: int, run_ids: set[str]) -> None:
             parts.append((name, pq.read_table(name, schema=SCHEMA).to_pylist()))
         except (pa.ArrowException, OSError, ValueError) as e:
             raise DataError(f"--resume: trajectory store part {name} does not read as this store's Parquet "
-                            f"({brief(e)}); move it out of {store.path} to resume") from None
+                            f"({describe_error(e)}); move it out of {store.path} to resume") from None
     for name, rows in parts:
         keep = [r for r in rows if r["run_id"] not in run_ids or json.loads(r["metadata"]).get("step", 0) <= step]
         if len(keep) == len(rows):
@@ -189,7 +190,7 @@ def load_weights(policy, model_dir: Path) -> None:
             set_peft_model_state_dict(model, adapters)
         except RuntimeError as e:  # a tensor of another shape: adapters of another rank or model
             raise ConfigError(f"--resume: the adapters in {model_dir} do not fit this run's model and "
-                              f"model.lora ({brief(e)})") from None
+                              f"model.lora ({describe_error(e)})") from None
         return
     weights: dict = {}
     for part in sorted(model_dir.glob("model*.safetensors")):  # one file, or the shards of a large model
@@ -198,7 +199,7 @@ def load_weights(policy, model_dir: Path) -> None:
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as e:  # the same names with other shapes
         raise ConfigError(f"--resume: the weights in {model_dir} do not match model.name's architecture "
-                          f"({brief(e)})") from None
+                          f"({describe_error(e)})") from None
     tied = {k for k in missing if "lm_head" in k} if model.config.tie_word_embeddings else set()
     if not weights or set(missing) - tied or unexpected:
         raise ConfigError(f"--resume: the weights in {model_dir} do not match model.name's architecture "
@@ -212,7 +213,7 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except SafetensorError as e:  # empty, cut short or not safetensors (a missing file is an OSError)
-        raise ConfigError(f"--resume: {path} is not a readable safetensors file ({brief(e)})") from None
+        raise ConfigError(f"--resume: {path} is not a readable safetensors file ({describe_error(e)})") from None
 
 
 # What every checkpoint's trainer_state.pt holds (:func:`posttrain.train.checkpoint.save_checkpoint`); each
@@ -248,7 +249,7 @@ def restoring(checkpoint: Path) -> Iterator[None]:
         yield
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
         raise ConfigError(f"--resume: {checkpoint / 'trainer_state.pt'} does not fit this run: "
-                          f"{type(e).__name__}: {brief(e)}") from None
+                          f"{describe_error(e)}") from None
 
 
 def _unpickling_error(error: Exception) -> str:
@@ -262,11 +263,4 @@ def _unpickling_error(error: Exception) -> str:
         return "it is empty or cut short"
     if "Weights only load failed" in text:
         return "its bytes are not a pickle that torch.save wrote"
-    return f"{type(error).__name__}: {brief(error)}"
-
-
-def brief(error: BaseException) -> str:
-    """An exception's message on one line, at most 300 characters (load_state_dict's first line says only
-    that there were errors; the next ones say which)."""
-    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
-    return text[:300] or type(error).__name__
+    return describe_error(error)
