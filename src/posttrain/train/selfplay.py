@@ -10,6 +10,10 @@ the invalid-move rate per role.
 
 With ``multi_agent.policies: per_role`` every role has its own LoRA adapter on one base model;
 generation switches adapters per role and each role's trajectories train only its adapter.
+
+Checkpoints (``train.checkpoint_every``, a signal, the end) and ``--resume`` work as in the
+single-agent trainer (:mod:`posttrain.train.resume`); a checkpoint also holds the role baselines, the
+seed sampler, the opponent pool and, with LoRA, every role's adapters.
 """
 
 from __future__ import annotations
