@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from cli_inprocess import assert_one_line_error, invoke, tiny_config
 
 from posttrain.config import ConfigError, load_config
 from posttrain.train.selfplay import SelfPlayTrainer
@@ -161,3 +162,11 @@ def test_a_resumed_self_play_run_equals_an_uninterrupted_one(tmp_path, extra):
     assert len(_train_records(whole.run_dir)) == 4
     live, again = whole.policy.model.state_dict(), resumed.policy.model.state_dict()
     assert all(torch.equal(live[name], again[name]) for name in live)
+
+
+@pytest.mark.parametrize("command", [["eval"], ["collect", "--out", "store", "--n", "1"], ["sft"]])
+def test_single_agent_commands_refuse_a_multi_agent_env_in_one_line(tmp_path, command):
+    config = tiny_config(tmp_path, env={"id": "tictactoe", "kwargs": {}}, offline={"method": "sft"})
+    ended = invoke(command[0], config, *[str(tmp_path / a) if a == "store" else a for a in command[1:]])
+    assert_one_line_error(ended, f"`posttrain {command[0]}` plays single-agent", "'tictactoe' is a multi-agent env")
+    assert not (tmp_path / "store").exists() and not (tmp_path / "run").exists()  # refused before anything is written

@@ -122,6 +122,16 @@ def _is_rank_zero() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def _single_agent(cfg, command: str) -> None:
+    """Commands that play one agent's episodes refuse a multi-agent env at once, before the model loads."""
+    from posttrain.envs import EnvError, env_is_multi_agent
+
+    if env_is_multi_agent(cfg.env.id, cfg.env.kwargs):
+        raise EnvError(f"`posttrain {command}` plays single-agent episodes and {cfg.env.id!r} is a multi-agent env: "
+                       "`posttrain train` evaluates it against multi_agent.eval_opponents before and after training "
+                       "(and every eval.every steps)")
+
+
 @app.command(cls=ConfigCommand)
 def train(
     config: str = typer.Argument(..., help="YAML run config."),
@@ -226,6 +236,7 @@ def eval_cmd(
     """Evaluate a policy on the environment's held-out split."""
     with _user_errors():
         cfg = load_config(config, overrides)
+        _single_agent(cfg, "eval")
         from posttrain.envs import EnvError
         from posttrain.train.context import RunContext
 
@@ -271,6 +282,7 @@ def collect(
     """Sample N trajectories per training task and append them to a trajectory store."""
     with _user_errors():
         cfg = load_config(config, overrides)
+        _single_agent(cfg, "collect")
         from posttrain.data.collect import collect as run_collect
         from posttrain.rollout.episodes import EpisodesFailed
 
@@ -320,6 +332,7 @@ def _offline(config: str, overrides: list[str], methods: tuple[str, ...], comman
         if cfg.offline.method not in methods:
             raise ConfigError(f"{config}: `posttrain {command}` trains offline.method {' or '.join(methods)}, "
                               f"got {cfg.offline.method!r}")
+        _single_agent(cfg, command)
         from posttrain.train.offline import OfflineTrainer
         from posttrain.train.run_dir import open_run_dir
 
