@@ -175,7 +175,7 @@ def test_config_sections_of_another_shape_are_left_out_of_the_header(tiny_run, t
     run_dir = tmp_path / "run"
     shutil.copytree(tiny_run, run_dir)
     config = json.loads((run_dir / "config.json").read_text())
-    (run_dir / "config.json").write_text(json.dumps({**config, "model": "tiny-random", "env": [1], "store": 3}))
+    (run_dir / "config.json").write_text(json.dumps({**config, "model": "tiny-random", "env": [1], "store": {"path": 3}}))
     page = render_report(load_run(run_dir), tokenizer=None)
     assert "<dt>model</dt><dd>?</dd>" in page and "<dt>algorithm</dt><dd>grpo</dd>" in page
 

@@ -64,8 +64,8 @@ def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
 
 def store_path(run_dir: Path, config: dict[str, Any]) -> Path:
     """Where the run's trajectory store is (``store.path``, or ``<run>/trajectories``)."""
-    configured = _section(config, "store").get("path") or ""
-    return Path(configured) if configured else run_dir / "trajectories"
+    configured = _section(config, "store").get("path")
+    return Path(configured) if configured and isinstance(configured, str) else run_dir / "trajectories"
 
 
 def with_steps(trajectories: list[Trajectory]) -> list[StoredTrajectory]:
