@@ -24,6 +24,7 @@ from posttrain.envs import make_env
 from posttrain.models import Policy
 from posttrain.rewards.prm import load_prm, prm_loss, step_ends, step_logits
 from posttrain.rollout import EnvPool, HFBackend, SamplingParams, run_episodes
+from posttrain.train.epochs import epoch_batches
 from posttrain.train.metrics import MetricsLogger
 from posttrain.train.optimizer import adamw
 from posttrain.train.stopping import RunGuard
@@ -176,23 +177,20 @@ def train_prm(cfg: RunConfig, progress=None) -> PRMResult:
     # A signal or a failing disk stops training after the step in flight, the model saved first.
     with RunGuard(save, lambda: step) as guard:
         try:
-            for epoch in range(p.epochs):
-                order = list(range(len(train)))
-                rng.shuffle(order)
-                for s in range(0, len(order), p.batch_size):
-                    guard.check()
-                    model.train()
-                    batch = [train[i] for i in order[s : s + p.batch_size]]
-                    optimizer.zero_grad(set_to_none=True)
-                    loss = prm_loss(_logits(model, pad, batch), [x.labels for x in batch])
-                    loss.backward()
-                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
-                    optimizer.step()
-                    step += 1
-                    metrics = {"loss": loss.item(), "grad_norm": float(grad_norm), "epoch": float(epoch + 1)}
-                    logger.log("prm_train", step, metrics)
-                    if progress:
-                        progress("train", step, total, metrics)
+            for epoch, indices in epoch_batches(len(train), p.batch_size, p.epochs, rng):
+                guard.check()
+                model.train()
+                batch = [train[i] for i in indices]
+                optimizer.zero_grad(set_to_none=True)
+                loss = prm_loss(_logits(model, pad, batch), [x.labels for x in batch])
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+                optimizer.step()
+                step += 1
+                metrics = {"loss": loss.item(), "grad_norm": float(grad_norm), "epoch": float(epoch + 1)}
+                logger.log("prm_train", step, metrics)
+                if progress:
+                    progress("train", step, total, metrics)
             guard.check()
             auc_after, _ = step_auc(model, pad, held)
             logger.log("prm_eval", step, {"step_auc": auc_after})

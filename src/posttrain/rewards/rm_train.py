@@ -20,6 +20,7 @@ from posttrain.config import ConfigError, RunConfig
 from posttrain.data.pairs import PreferencePair, preference_pairs
 from posttrain.data.store import DataError, TrajectoryStore
 from posttrain.rewards.reward_model import load_reward_model, pair_loss, pairwise_accuracy
+from posttrain.train.epochs import epoch_batches
 from posttrain.train.metrics import MetricsLogger
 from posttrain.train.optimizer import adamw
 from posttrain.train.stopping import RunGuard
@@ -84,24 +85,20 @@ def train_reward_model(cfg: RunConfig, progress=None) -> RewardModelResult:
     # A signal or a failing disk stops training after the step in flight, the model saved first.
     with RunGuard(save, lambda: step) as guard:
         try:
-            for epoch in range(rm.epochs):
-                order = list(range(len(train)))
-                rng.shuffle(order)
-                for s in range(0, len(order), rm.batch_size):
-                    guard.check()
-                    model.train()
-                    optimizer.zero_grad(set_to_none=True)
-                    pairs = [train[i] for i in order[s : s + rm.batch_size]]
-                    loss, gap = pair_loss(model, pairs, pad, rm.max_length, rm.center_coefficient)
-                    loss.backward()
-                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
-                    optimizer.step()
-                    step += 1
-                    metrics = {"loss": loss.item(), "accuracy": float((gap > 0).float().mean()),
-                               "margin": float(gap.mean()), "grad_norm": float(grad_norm), "epoch": float(epoch + 1)}
-                    logger.log("rm_train", step, metrics)
-                    if progress:
-                        progress("train", step, total, metrics)
+            for epoch, batch in epoch_batches(len(train), rm.batch_size, rm.epochs, rng):
+                guard.check()
+                model.train()
+                optimizer.zero_grad(set_to_none=True)
+                loss, gap = pair_loss(model, [train[i] for i in batch], pad, rm.max_length, rm.center_coefficient)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+                optimizer.step()
+                step += 1
+                metrics = {"loss": loss.item(), "accuracy": float((gap > 0).float().mean()),
+                           "margin": float(gap.mean()), "grad_norm": float(grad_norm), "epoch": float(epoch + 1)}
+                logger.log("rm_train", step, metrics)
+                if progress:
+                    progress("train", step, total, metrics)
             guard.check()
             after = pairwise_accuracy(model, held, pad, rm.max_length)
             logger.log("rm_eval", step, {"pairwise_accuracy": after})

@@ -69,7 +69,7 @@ def load_rng_state(env: Any, state: dict[str, Any] | None) -> None:
     if state is None or not isinstance(env, gym.Env):
         return
     env = env.unwrapped
-    if env.np_random.bit_generator.state["bit_generator"] != state["bit_generator"]:
+    if type(env.np_random.bit_generator).__name__ != state["bit_generator"]:
         kind = getattr(np.random, str(state["bit_generator"]), None)
         if not (isinstance(kind, type) and issubclass(kind, np.random.BitGenerator)):
             raise ValueError(f"{state['bit_generator']!r} is not one of numpy's bit generators")

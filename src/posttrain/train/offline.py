@@ -28,6 +28,7 @@ from posttrain.data.store import DataError, TrajectoryStore
 from posttrain.eval import EvalResult
 from posttrain.models import Policy
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
+from posttrain.train.epochs import epoch_batches
 from posttrain.train.optimizer import adamw, lr_schedule
 from posttrain.train.stats import RunningStats
 from posttrain.train.stopping import RunGuard
@@ -172,18 +173,15 @@ class OfflineTrainer:
                 rng = random.Random(cfg.seed)
                 per_epoch = -(-len(self.examples) // off.batch_size)
                 total = off.epochs * per_epoch
-                for epoch in range(off.epochs):
-                    order = list(range(len(self.examples)))
-                    rng.shuffle(order)
-                    for s in range(0, len(order), off.batch_size):
-                        guard.check()
-                        metrics = self.train_step(order[s : s + off.batch_size])
-                        self.step += 1
-                        metrics["epoch"] = float(epoch + 1)
-                        ctx.log("train", self.step, metrics)
-                        ctx.progress("train", self.step, total, metrics)
-                        if ctx.checkpoint_due(self.step):
-                            self.save()
+                for epoch, batch in epoch_batches(len(self.examples), off.batch_size, off.epochs, rng):
+                    guard.check()
+                    metrics = self.train_step(batch)
+                    self.step += 1
+                    metrics["epoch"] = float(epoch + 1)
+                    ctx.log("train", self.step, metrics)
+                    ctx.progress("train", self.step, total, metrics)
+                    if ctx.checkpoint_due(self.step):
+                        self.save()
                 guard.check()
                 after = self.evaluate()
                 if not ctx.checkpoint_due(self.step):  # the last step's checkpoint, unless just written
