@@ -1,5 +1,5 @@
 # Two commands do everything on a fresh machine:
-#   make demo   set up .venv, then train SmolLM2-135M-Instruct with GRPO on arithmetic (CPU, after setup about 2 min on a Zen 4 EPYC with bf16 units; longer in float32 without them)
+#   make demo   set up .venv, then train SmolLM2-135M-Instruct with GRPO on arithmetic (CPU, after setup about 2 min on a Zen 4 EPYC with bf16 units, 4 min on a Zen 3 without them)
 #   make test   set up .venv, then run the test suite
 #   make test-vllm   set up .venv-vllm (vLLM), then run the tests that need vLLM
 VENV ?= .venv
