@@ -311,7 +311,8 @@ def _tolerance(dtype: torch.dtype) -> float:
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("qkv_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows,heads,kv_heads,dim,col", [(1, 9, 3, 64, 0), (3, 4, 2, 16, 5), (5, 4, 4, 24, 7),
-                                                         (2, 8, 1, 128, 40), (4, 6, 2, 80, 12), (33, 9, 3, 64, 97)])
+                                                         (2, 8, 1, 128, 40), (4, 6, 2, 80, 12), (33, 9, 3, 64, 97),
+                                                         (3, 14, 2, 64, 300), (2, 5, 1, 40, 130)])
 def test_attention_kernel_computes_what_pytorchs_operations_compute(rows, heads, kv_heads, dim, col, qkv_dtype,
                                                                      cache_dtype):
     """Rotary embedding, the cache write (the same bits as PyTorch writes) and grouped-query
