@@ -75,6 +75,35 @@ def test_a_measurement_is_taken_again_when_the_code_it_measures_changes(tmp_path
     assert (first(), another_process(), changed()) == (1, 1, 2)
 
 
+def test_a_value_of_the_wrong_type_in_the_file_is_measured_again(tmp_path, monkeypatch):
+    """A hand-edited or damaged file whose JSON parses but holds a string where a number was kept, or a
+    list where timings by kernel were, must not reach the code that chooses kernels: measured again."""
+    from posttrain.models.probe_cache import probe_file, stored_per_machine
+
+    monkeypatch.setenv("POSTTRAIN_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def speedup() -> float:
+        calls.append("speedup")
+        return 1.5
+
+    def seconds() -> dict[str, float]:
+        calls.append("seconds")
+        return {"ours": 0.1, "theirs": 0.2}
+
+    assert (stored_per_machine(speedup)(), stored_per_machine(seconds)()) == (1.5, {"ours": 0.1, "theirs": 0.2})
+    data = json.loads(probe_file().read_text())
+    for key, broken in zip(sorted(data), ({"ours": "fast"}, "1.5")):  # seconds' key sorts first
+        data[key] = broken
+    probe_file().write_text(json.dumps(data))
+    # another process: reads the file, finds neither value usable, measures both again and keeps them
+    assert (stored_per_machine(speedup)(), stored_per_machine(seconds)()) == (1.5, {"ours": 0.1, "theirs": 0.2})
+    assert calls == ["speedup", "seconds", "speedup", "seconds"]
+    assert sorted(json.loads(probe_file().read_text()).values(), key=str) == [1.5, {"ours": 0.1, "theirs": 0.2}]
+    assert (stored_per_machine(speedup)(), stored_per_machine(seconds)()) == (1.5, {"ours": 0.1, "theirs": 0.2})
+    assert len(calls) == 4  # kept well-formed this time
+
+
 def test_a_measurement_that_takes_another_keeps_both(tmp_path, monkeypatch):
     """A probe may call another while it measures (the oneDNN training probe's layers consult the
     weight-gradient probe): the process must not wait on its own lock, and both values are kept."""

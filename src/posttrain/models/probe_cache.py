@@ -14,7 +14,8 @@ The file is keyed by what the timings depend on: the CPU (model and flags), torc
 number of threads torch runs matmuls on, any instruction-set ceiling set in the environment
 (:data:`ISA_CEILINGS`) and whether our kernels can be built
 (:func:`posttrain.models.native.kernels_unavailable`); each value by its function's name and source
-(and the code it measures, where that lives elsewhere), so that a changed measurement is taken again. It
+(and the code it measures, where that lives elsewhere), so that a changed measurement is taken again;
+a value that is not of the type its function returns (a hand-edited or damaged file) is measured again too. It
 lives in ``$POSTTRAIN_CACHE_DIR``, else ``$XDG_CACHE_HOME/posttrain``, else ``~/.cache/posttrain``;
 where that cannot be written, each process measures for itself.
 """
@@ -28,6 +29,7 @@ import inspect
 import json
 import os
 import threading
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -112,6 +114,20 @@ def _read(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _fits(value: object, returns: object) -> bool:
+    """Whether ``value``, read back from the file, has the type a measurement returns (``returns``: its
+    annotation; our probes return a number or ``dict[str, float]``; other annotations are not checked)."""
+    if returns in (float, int):
+        return _is_number(value)
+    if typing.get_origin(returns) is dict:
+        return isinstance(value, dict) and all(isinstance(k, str) and _is_number(v) for k, v in value.items())
+    return True
+
+
 def stored_per_machine(measure: Callable[[], T] | None = None, *, depends_on: str = "") -> Callable[[], T]:
     """``measure()`` taken once per machine (see the module docstring) and once per process; used as
     ``@stored_per_machine``, or ``@stored_per_machine(depends_on=text)`` when what it measures is
@@ -123,6 +139,10 @@ def stored_per_machine(measure: Callable[[], T] | None = None, *, depends_on: st
     except OSError:  # no source shipped: the name alone
         source = ""
     key = f"{measure.__name__} {hashlib.sha256((source + depends_on).encode()).hexdigest()[:12]}"
+    try:
+        returns = typing.get_type_hints(measure).get("return")
+    except (NameError, TypeError):  # an annotation that does not resolve: the value is not checked
+        returns = None
 
     @functools.cache
     @functools.wraps(measure)
@@ -138,7 +158,7 @@ def stored_per_machine(measure: Callable[[], T] | None = None, *, depends_on: st
             if _depth == 0:
                 fcntl.flock(lock, fcntl.LOCK_EX)
             data = _read(path)
-            if key in data:
+            if key in data and _fits(data[key], returns):
                 return data[key]
             _depth += 1
             try:
