@@ -47,8 +47,8 @@ def contenders(rows: int, columns: int) -> dict[str, tuple[object, int]]:
 
     def pytorch() -> None:
         for keys, values in caches[torch.float32]:
-            torch_append_and_attend(qkv, cos.unsqueeze(1),
-                                    signed_sin.unsqueeze(1), keys, values, columns - 1, bias, HEADS)
+            torch_append_and_attend(qkv, cos.unsqueeze(1), signed_sin.unsqueeze(1), keys, values, columns - 1, bias,
+                                    HEADS)
 
     def ours(dtype: torch.dtype):
         def step() -> None:
@@ -67,8 +67,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decode_attention.json"))
     args = parser.parse_args()
-    if decode_layer.unavailable_reason():
-        raise SystemExit(f"our decode kernels cannot run here: {decode_layer.unavailable_reason()}")
+    reason = decode_layer.unavailable_reason()
+    if reason:
+        raise SystemExit(f"our decode kernels cannot run here: {reason}")
     from rich.table import Table
 
     table = Table(title=f"One decode step's attention, 30 layers of SmolLM2-135M, {torch.get_num_threads()} threads, "

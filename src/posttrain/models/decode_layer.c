@@ -247,13 +247,12 @@ _Static_assert(HEADS == 3, "BY_HEADS covers passes of 1 to 3 heads");
                     TI *o = out + r * q_heads * dim + (g * group + h0) * dim;                       \
                     const float *sh = scores + h0 * length;                                         \
                     for (int64_t d0 = 0; d0 < dim;) {                                               \
+                        const char *next = h0 || d0 ? 0 : nv; /* asked for during the first pass */ \
                         if (dim - d0 >= 8 * VECTORS) {                                              \
-                            BY_HEADS(hb, weigh_##TI##_##TC, VECTORS, sh, length, vc + d0, dim, o + d0,     \
-                                     h0 || d0 ? 0 : nv);                                            \
+                            BY_HEADS(hb, weigh_##TI##_##TC, VECTORS, sh, length, vc + d0, dim, o + d0, next); \
                             d0 += 8 * VECTORS;                                                      \
                         } else {                                                                    \
-                            BY_HEADS(hb, weigh_##TI##_##TC, 1, sh, length, vc + d0, dim, o + d0,           \
-                                     h0 || d0 ? 0 : nv);                                            \
+                            BY_HEADS(hb, weigh_##TI##_##TC, 1, sh, length, vc + d0, dim, o + d0, next); \
                             d0 += 8;                                                                \
                         }                                                                           \
                     }                                                                               \
