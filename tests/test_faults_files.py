@@ -3,6 +3,7 @@ or is skipped where asked; a full disk loses no trained weights and leaves no ha
 
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,12 @@ from posttrain.data.store import DataError
 from posttrain.models import resolve_model_path
 from posttrain.train.checkpoint import checkpoint_path, recover_checkpoints
 from posttrain.types import Step, Task, Trajectory
+
+def _garbage(size: int) -> bytes:
+    """Bytes that are no file format, the same on every run: fresh random ones can begin like a pickle header,
+    and then torch.load warns before our error, so the suite's warnings changed from run to run."""
+    return random.Random(size).randbytes(size)
+
 
 # ------------------------------------------------------------------ config
 
@@ -84,7 +91,7 @@ def _store_with_bad_part(root: Path, damage: str) -> tuple[TrajectoryStore, Path
     elif damage == "empty":
         bad.write_bytes(b"")
     elif damage == "garbage":
-        bad.write_bytes(os.urandom(4096))
+        bad.write_bytes(_garbage(4096))
     elif damage == "other-schema":
         pq.write_table(pa.table({"x": [1, 2, 3]}), bad)
     elif damage == "bad-row":
@@ -157,7 +164,7 @@ def test_a_damaged_checkpoint_is_one_line_naming_it(tmp_path, file, damage):
     ckpt = _copy_model(tmp_path)
     target = ckpt / "model" / file
     data = target.read_bytes()
-    target.write_bytes({"truncate": data[: len(data) // 3], "empty": b"", "garbage": os.urandom(2048),
+    target.write_bytes({"truncate": data[: len(data) // 3], "empty": b"", "garbage": _garbage(2048),
                         "list": b"[1, 2, 3]"}[damage])
     config = tiny_config(tmp_path, eval={"num_tasks": 1})
     line = assert_one_line_error(invoke("eval", config, "--checkpoint", ckpt), str(ckpt / "model"))
@@ -174,7 +181,7 @@ def test_a_damaged_reward_model_is_a_model_load_error_naming_it(tmp_path, loader
     model_dir = _copy_model(tmp_path) / "model"
     weights = model_dir / "model.safetensors"
     data = weights.read_bytes()
-    weights.write_bytes(data[: len(data) // 3] if damage == "truncate" else os.urandom(4096))
+    weights.write_bytes(data[: len(data) // 3] if damage == "truncate" else _garbage(4096))
     with pytest.raises(ModelLoadError) as e:
         {"reward model": load_reward_model, "process reward model": load_prm}[loader](str(model_dir))
     assert str(e.value).startswith(f"cannot load {loader} '{model_dir}'")
@@ -237,7 +244,7 @@ def _damaged(target: Path, damage: str) -> bytes:
     if damage == "wrong optimiser":  # every key there, the optimiser's state of another model
         state = torch.load(target, weights_only=True)
         return _torch_save({**state, "optimizer": {"state": {}, "param_groups": []}})
-    return {"truncate": data[: len(data) // 3], "empty": b"", "garbage": os.urandom(4096), "list": b"[1, 2, 3]",
+    return {"truncate": data[: len(data) // 3], "empty": b"", "garbage": _garbage(4096), "list": b"[1, 2, 3]",
             "pickled list": _torch_save([1, 2, 3]), "keys missing": _torch_save({"step": 1})}[damage]
 
 
