@@ -24,6 +24,7 @@ from posttrain.models import resolve_model_path
 from posttrain.train.checkpoint import checkpoint_path, recover_checkpoints
 from posttrain.types import Step, Task, Trajectory
 
+
 def _garbage(size: int) -> bytes:
     """Bytes that are no file format, the same on every run: fresh random ones can begin like a pickle header,
     and then torch.load warns before our error, so the suite's warnings changed from run to run."""

@@ -3,11 +3,13 @@ the store; the online trainer writing to a store; an SFT loss mixed into online 
 
 import json
 import math
+import shutil
 import statistics
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_inprocess import assert_one_line_error, invoke
 from safetensors.torch import load_file
 from test_train_e2e import run_cli, tiny_config
 
@@ -176,3 +178,69 @@ def test_sft_mixing_adds_the_weighted_demonstration_loss(tmp_path):
     # Step 1 samples the same batch with the same weights: the losses differ by exactly weight x SFT loss.
     assert mixed[0]["loss"] - plain[0]["loss"] == pytest.approx(2.0 * mixed[0]["sft_loss"], rel=1e-4)
     assert mixed[1]["loss"] != pytest.approx(plain[1]["loss"], rel=1e-6)  # the updates differed
+
+
+# ------------------------------------------------------------------ resume
+
+
+def _timing(key: str) -> bool:
+    return key in ("time", "tokens_per_second") or key.endswith("seconds")
+
+
+def _records(run: Path) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if not _timing(k)} for line in lines]
+
+
+RESUMABLE = {  # method -> (command, --set arguments past offline.method): at least 3 steps, a checkpoint every 2
+    "dpo": ("dpo", ["offline.epochs=2"]),
+    "kto": ("dpo", ["offline.success_threshold=0.05"]),
+    "sft": ("sft", ["offline.batch_size=1", "offline.epochs=2"]),
+}
+
+
+@pytest.mark.parametrize("method", sorted(RESUMABLE))
+def test_an_offline_run_resumed_from_its_checkpoint_equals_an_uninterrupted_one(tmp_path, store, method):
+    """Run b, a copy of the finished run a, is cut back to how a kill after step 3 leaves it: metrics and an
+    evaluation past its newest checkpoint (step 2). Resumed, it logs what a logged and ends on a's weights."""
+    command, sets = RESUMABLE[method]
+    data = (f"sft.demonstrations={_demonstrations(tmp_path / 'demos.jsonl')}" if method == "sft"
+            else f"offline.store={store}")
+    args = [f"--set={s}" for s in (f"offline.method={method}", data, "train.checkpoint_every=2", *sets)]
+    config = tiny_config(tmp_path, **OFFLINE)
+    proc = run_cli(command, config, *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_a, run_b = tmp_path / "run", tmp_path / "b"
+    steps = json.loads((run_a / "summary.json").read_text())["steps"]
+    assert steps >= 3
+    shutil.copytree(run_a, run_b)
+    for later in sorted((run_b / "checkpoints").iterdir())[1:]:
+        shutil.rmtree(later)
+    assert [p.name for p in (run_b / "checkpoints").iterdir()] == ["step-000002"]
+
+    proc = run_cli(command, config, *args, "--resume", run_b)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = _records(run_a), _records(run_b)
+    assert [(r["split"], r["step"]) for r in b] == [(r["split"], r["step"]) for r in a]  # nothing counted twice
+    assert b == a
+    final = f"checkpoints/step-{steps:06d}/model/model.safetensors"
+    assert (run_a / final).read_bytes() == (run_b / final).read_bytes()
+    assert json.loads((run_b / "summary.json").read_text())["steps"] == steps
+
+
+def test_resuming_an_offline_run_on_other_data_or_settings_is_refused(tmp_path):
+    config = tiny_config(tmp_path, **OFFLINE)
+    demos = _demonstrations(tmp_path / "demos.jsonl")
+    args = ["--set", "offline.method=sft", "--set", f"sft.demonstrations={demos}"]
+    ended = invoke("sft", config, *args)
+    assert ended.exit_code == 0 and ended.exception is None, ended.stderr[-2000:]
+    run = tmp_path / "run"
+    metrics = (run / "metrics.jsonl").read_bytes()
+
+    assert_one_line_error(invoke("sft", config, *args, "--set", "offline.learning_rate=0.5", "--resume", run),
+                          "offline.learning_rate is 0.5 here")
+    with demos.open("a") as file:
+        file.write(json.dumps({"prompt": "Capital of Spain?", "completion": "Madrid"}) + "\n")
+    assert_one_line_error(invoke("sft", config, *args, "--resume", run),
+                          "the training examples are not the ones", "(3 now, 2 then)", str(demos))
+    assert (run / "metrics.jsonl").read_bytes() == metrics  # nothing cut

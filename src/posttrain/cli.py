@@ -26,6 +26,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Reinforcemen
 console = Console(stderr=True)
 
 SET_HELP = "Override a config field, e.g. --set train.steps=10 (repeatable)."
+RESUME_HELP = ("Continue the run in this directory from its newest complete checkpoint, exactly (the config must "
+               "match the run's).")
 OVERWRITE_HELP = ("Replace the previous run in output_dir: its metrics, events, samples and summary go; its "
                   "checkpoints stay until this run writes the same step. Without it a used output_dir is refused.")
 
@@ -136,8 +138,7 @@ def _single_agent(cfg, command: str) -> None:
 def train(
     config: str = typer.Argument(..., help="YAML run config."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
-    resume: Optional[str] = typer.Option(None, "--resume", help="Continue the run in this directory from its newest "
-                                         "complete checkpoint, exactly (the config must match the run's)."),
+    resume: Optional[str] = typer.Option(None, "--resume", help=RESUME_HELP),
     overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
 ) -> None:
     """Train a policy with online RL, evaluating on the held-out split before and after.
@@ -149,8 +150,7 @@ def train(
         from posttrain.envs import env_is_multi_agent
         from posttrain.train.run_dir import open_run_dir
 
-        if resume is not None and not Path(resume).is_dir():
-            raise ConfigError(f"--resume {resume}: no such run directory")
+        _check_resume_dir(resume)
         if env_is_multi_agent(cfg.env.id, cfg.env.kwargs):
             from posttrain.train.selfplay import SelfPlayTrainer as trainer_class
             reward_key = "reward"
@@ -171,6 +171,11 @@ def train(
         _print_games_result(title, result)
     else:
         _print_result(title, result)
+
+
+def _check_resume_dir(resume: str | None) -> None:
+    if resume is not None and not Path(resume).is_dir():
+        raise ConfigError(f"--resume {resume}: no such run directory")
 
 
 def _progress_hook(progress, train_text):
@@ -326,9 +331,11 @@ def demonstrate(
                     f"episodes to {out}{unsolved}", highlight=False, soft_wrap=True)
 
 
-def _offline(config: str, overrides: list[str], methods: tuple[str, ...], command: str, overwrite: bool) -> None:
+def _offline(config: str, overrides: list[str], methods: tuple[str, ...], command: str, overwrite: bool,
+             resume: str | None) -> None:
     with _user_errors():
         cfg = load_config(config, overrides)
+        _check_resume_dir(resume)
         if cfg.offline.method not in methods:
             raise ConfigError(f"{config}: `posttrain {command}` trains offline.method {' or '.join(methods)}, "
                               f"got {cfg.offline.method!r}")
@@ -336,9 +343,10 @@ def _offline(config: str, overrides: list[str], methods: tuple[str, ...], comman
         from posttrain.train.offline import OfflineTrainer
         from posttrain.train.run_dir import open_run_dir
 
-        with open_run_dir(cfg.output_dir, overwrite=overwrite), _progress() as progress:
+        with open_run_dir(resume or cfg.output_dir, overwrite=overwrite, resume=resume is not None), \
+                _progress() as progress:
             hook = _progress_hook(progress, lambda info: f"loss {info['loss']:.3f}  {info['step_seconds']:.1f}s/step")
-            trainer = OfflineTrainer(cfg, progress=hook)
+            trainer = OfflineTrainer(cfg, progress=hook, resume=resume)
             for part, reason in trainer.skipped_parts:
                 progress.console.print(f"skipped store part {part}: {reason}", highlight=False, soft_wrap=True)
             progress.console.print(f"{cfg.offline.method}: {len(trainer.examples)} training examples")
@@ -350,20 +358,22 @@ def _offline(config: str, overrides: list[str], methods: tuple[str, ...], comman
 def dpo(
     config: str = typer.Argument(..., help="YAML run config; offline.method is dpo, ipo, cdpo or kto."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    resume: Optional[str] = typer.Option(None, "--resume", help=RESUME_HELP),
     overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
 ) -> None:
     """Preference optimisation (DPO, IPO, cDPO, KTO) on a trajectory store's successes and failures."""
-    _offline(config, overrides, ("dpo", "ipo", "cdpo", "kto"), "dpo", overwrite)
+    _offline(config, overrides, ("dpo", "ipo", "cdpo", "kto"), "dpo", overwrite, resume)
 
 
 @app.command(cls=ConfigCommand)
 def sft(
     config: str = typer.Argument(..., help="YAML run config; offline.method is rft (store) or sft (demonstrations)."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    resume: Optional[str] = typer.Option(None, "--resume", help=RESUME_HELP),
     overwrite: bool = typer.Option(False, "--overwrite", help=OVERWRITE_HELP),
 ) -> None:
     """Supervised fine-tuning: on a store's successful trajectories (rft) or on demonstrations (sft)."""
-    _offline(config, overrides, ("rft", "sft"), "sft", overwrite)
+    _offline(config, overrides, ("rft", "sft"), "sft", overwrite, resume)
 
 
 @app.command()

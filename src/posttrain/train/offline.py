@@ -6,6 +6,11 @@ before the first update (by the policy itself, which is the reference until it i
 no second copy of the model is kept), then ``offline.epochs`` passes of minibatch updates run.
 Held-out accuracy is measured before and after, as in online training.
 
+``--resume`` continues from the newest checkpoint exactly, as online training does: the checkpoint
+also holds the reference log-probabilities (the policy has moved since they were computed) and a
+digest of the training examples, so that a store or demonstrations file changed since the run began
+is refused rather than trained on under another run's reference and batch order.
+
 Sequence log-probabilities are sums over the agent's tokens only (loss mask 1), computed by
 :func:`posttrain.models.logprobs.policy_forward`: the chosen and rejected answers to one prompt
 share a single forward of that prompt, and only agent tokens go through the LM head.
@@ -13,6 +18,8 @@ share a single forward of that prompt, and only agent tokens go through the LM h
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import random
 import time
 from dataclasses import dataclass
@@ -30,6 +37,7 @@ from posttrain.models import Policy
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
 from posttrain.train.epochs import epoch_batches
 from posttrain.train.optimizer import adamw, lr_schedule
+from posttrain.train.resume import cut_run_dir, load_trainer_state, load_weights, restoring, resume_from
 from posttrain.train.stats import RunningStats
 from posttrain.train.stopping import RunGuard
 from posttrain.types import Batch, Trajectory
@@ -65,10 +73,23 @@ def mismatched(trajectories: list[Trajectory], seed: int) -> list[Trajectory]:
     return out
 
 
-class OfflineTrainer:
-    """``cfg.offline.method`` on the data it names; see the module docstring."""
+def examples_digest(rows: list[Trajectory], labels: torch.Tensor | None) -> str:
+    """What a run trained on, in a few bytes: the token ids and loss masks of ``rows`` in order (and KTO's
+    labels), so that a resumed run can tell whether its examples are still the same."""
+    digest = hashlib.sha256()
+    for t in rows:
+        digest.update(repr((t.prompt_ids, t.completion_ids, t.loss_mask)).encode())
+    if labels is not None:
+        digest.update(repr(labels.tolist()).encode())
+    return digest.hexdigest()
 
-    def __init__(self, cfg: RunConfig, progress: ProgressHook | None = None):
+
+class OfflineTrainer:
+    """``cfg.offline.method`` on the data it names; see the module docstring. ``resume``: a run directory to
+    continue from its newest complete checkpoint (see train.resume)."""
+
+    def __init__(self, cfg: RunConfig, progress: ProgressHook | None = None, resume: str | Path | None = None):
+        checkpoint, cfg = resume_from(resume, cfg)
         self.cfg = cfg
         self.off = cfg.offline
         self.ctx = RunContext(cfg, progress, generation_batch=cfg.eval.batch_size)
@@ -81,8 +102,12 @@ class OfflineTrainer:
         self.scheduler = lr_schedule(self.optimizer, cfg.train.warmup_steps, total, cfg.train.lr_schedule,
                                      cfg.train.min_lr_ratio)
         self.reference: dict[str, torch.Tensor] = {}
-        self._mismatched: list[Trajectory] = []  # KTO: the sequences of its KL estimate
+        # KTO: the sequences of its KL estimate
+        self._mismatched = mismatched(self.examples, cfg.seed) if self.off.method == "kto" else []
         self.step = 0
+        self.resumed_from = checkpoint
+        if checkpoint is not None:
+            self.restore(checkpoint)
 
     # ----------------------------------------------------------------- data
 
@@ -152,7 +177,6 @@ class OfflineTrainer:
             self.reference["rejected"] = torch.cat([x.logps[len(x.logps) // 2 :] for x in logps])
         else:
             self.reference["logps"] = torch.cat([x.logps for x in logps])
-            self._mismatched = mismatched(self.examples, self.cfg.seed)
             self.reference["mismatched"] = torch.cat([
                 sequence_logps(self.policy, self._mismatched[s : s + mb]).logps
                 for s in range(0, len(self._mismatched), mb)
@@ -166,14 +190,18 @@ class OfflineTrainer:
         ctx.start_run()
         with RunGuard(self.save, lambda: self.step) as guard:  # a signal or a failing disk: save, then stop
             try:
-                before = self.evaluate() if cfg.eval.before_training else None
-                t0 = time.time()
-                self.precompute_reference()
-                ctx.log("train", 0, {"examples": float(len(self.examples)), "reference_seconds": time.time() - t0})
-                rng = random.Random(cfg.seed)
-                per_epoch = -(-len(self.examples) // off.batch_size)
-                total = off.epochs * per_epoch
-                for epoch, batch in epoch_batches(len(self.examples), off.batch_size, off.epochs, rng):
+                before = self.evaluate() if cfg.eval.before_training and self.resumed_from is None else None
+                if self.resumed_from is None:
+                    t0 = time.time()
+                    self.precompute_reference()
+                    ctx.log("train", 0, {"examples": float(len(self.examples)),
+                                         "reference_seconds": time.time() - t0})
+                elif not self.reference:  # saved on a signal before it was computed: the weights are the start's
+                    self.precompute_reference()
+                total = off.epochs * -(-len(self.examples) // off.batch_size)
+                # The order is drawn from the seed, so a resumed run draws the batches it has done and skips them.
+                batches = epoch_batches(len(self.examples), off.batch_size, off.epochs, random.Random(cfg.seed))
+                for epoch, batch in itertools.islice(batches, self.step, None):
                     guard.check()
                     metrics = self.train_step(batch)
                     self.step += 1
@@ -198,7 +226,33 @@ class OfflineTrainer:
         return self.ctx.evaluate(self.step, self.eval_tasks)
 
     def save(self) -> Path:
-        return self.ctx.save_checkpoint(self.step, self.optimizer, self.scheduler, {"method": self.off.method})
+        return self.ctx.save_checkpoint(self.step, self.optimizer, self.scheduler,
+                                        {"method": self.off.method, "reference": self.reference,
+                                         "examples": [len(self.examples), self._digest()]})
+
+    def _digest(self) -> str:
+        return examples_digest(self._rows(list(range(len(self.examples)))), self.labels)
+
+    def restore(self, checkpoint: Path) -> None:
+        """Continue exactly where ``checkpoint`` left off; the run directory is cut back to its step (last, so
+        that a checkpoint that cannot be restored leaves the run directory as it was)."""
+        state = load_trainer_state(checkpoint, ("reference", "examples"))
+        with restoring(checkpoint):
+            count, digest = state["examples"]
+        if digest != self._digest():
+            source = f"sft.demonstrations ({self.cfg.sft.demonstrations})" if self.off.method == "sft" \
+                else f"offline.store ({self.off.store})"
+            raise DataError(f"--resume: the training examples are not the ones {checkpoint} was trained on "
+                            f"({len(self.examples)} now, {count} then): {source} changed since the run began; "
+                            "expected the same data, or a new run")
+        load_weights(self.policy, checkpoint / "model")
+        with restoring(checkpoint):
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.reference = {key: value.clone() for key, value in state["reference"].items()}
+            self.step = int(state["step"])
+            self.ctx.restore_rngs(state)
+        cut_run_dir(self.ctx.run_dir, self.step, None, set())
 
     # ----------------------------------------------------------------- one step
 
