@@ -164,9 +164,47 @@ def test_a_resumed_self_play_run_equals_an_uninterrupted_one(tmp_path, extra):
     assert all(torch.equal(live[name], again[name]) for name in live)
 
 
-@pytest.mark.parametrize("command", [["eval"], ["collect", "--out", "store", "--n", "1"], ["sft"]])
+@pytest.mark.parametrize("command", [["collect", "--out", "store", "--n", "1"], ["sft"]])
 def test_single_agent_commands_refuse_a_multi_agent_env_in_one_line(tmp_path, command):
     config = tiny_config(tmp_path, env={"id": "tictactoe", "kwargs": {}}, offline={"method": "sft"})
     ended = invoke(command[0], config, *[str(tmp_path / a) if a == "store" else a for a in command[1:]])
     assert_one_line_error(ended, f"`posttrain {command[0]}` plays single-agent", "'tictactoe' is a multi-agent env")
     assert not (tmp_path / "store").exists() and not (tmp_path / "run").exists()  # refused before anything is written
+
+
+def _games_json(ended) -> dict:
+    assert ended.exit_code == 0 and ended.exception is None, ended.stderr[-2000:]
+    return {k: v for k, v in json.loads(ended.stdout.splitlines()[-1]).items() if "/" in k}
+
+
+@pytest.mark.parametrize("lora, policies", [(False, "shared"), (True, "shared"), (True, "per_role")],
+                         ids=["full-fine-tuning", "shared-adapter", "per-role-adapters"])
+def test_eval_plays_a_checkpoints_held_out_games_as_the_run_did(tmp_path, lora, policies):
+    """`posttrain eval` of a multi-agent config gives the games the run's own evaluations logged: with
+    --checkpoint step-2 its step-2 evaluation (every role's adapter loaded), without one its evaluation before
+    training. The tiny model's moves are all invalid, but how long it talks depends on its weights: replies are
+    sampled and stop at common letters, so the games' completion_tokens tell the policies apart."""
+    config = tiny_config(tmp_path, env={"id": "kuhn_poker", "kwargs": {}},
+                         model={"lora": {"enabled": lora, "r": 4}},
+                         multi_agent={"policies": policies, "eval_opponents": ["random", "self"]},
+                         train={"steps": 2, "tasks_per_step": 2, "learning_rate": 0.05},
+                         algorithm={"group_size": 2},
+                         rollout={"temperature": 1.0, "max_new_tokens": 12, "stop": ["a", "e", "o"]},
+                         eval={"num_tasks": 6, "temperature": 1.0, "max_new_tokens": 12})
+    ended = invoke("train", config)
+    assert ended.exit_code == 0 and ended.exception is None, ended.stderr[-2000:]
+    run = tmp_path / "run"
+    logged = {r["step"]: {k: v for k, v in r.items() if "/" in k} for r in records(run, "eval")}
+    assert sorted(logged) == [0, 2] and logged[0] != logged[2]
+
+    assert _games_json(invoke("eval", config, "--checkpoint", run / "checkpoints" / "step-000002", "--json")) \
+        == logged[2]
+    assert _games_json(invoke("eval", config, "--json")) == logged[0]
+    table = invoke("eval", config, "--checkpoint", run / "checkpoints" / "step-000002" / "model")
+    assert table.exit_code == 0 and "random" in table.stdout and "invalid moves" in table.stdout
+
+    if lora:  # a checkpoint of the other kind of run
+        other = "shared" if policies == "per_role" else "per_role"
+        ended = invoke("eval", config, "--set", f"multi_agent.policies={other}", "--checkpoint",
+                       run / "checkpoints" / "step-000002")
+        assert_one_line_error(ended, "--checkpoint", "step-000002")

@@ -130,8 +130,8 @@ def _single_agent(cfg, command: str) -> None:
 
     if env_is_multi_agent(cfg.env.id, cfg.env.kwargs):
         raise EnvError(f"`posttrain {command}` plays single-agent episodes and {cfg.env.id!r} is a multi-agent env: "
-                       "`posttrain train` evaluates it against multi_agent.eval_opponents before and after training "
-                       "(and every eval.every steps)")
+                       "`posttrain train` trains on its games and `posttrain eval` plays them against "
+                       "multi_agent.eval_opponents")
 
 
 @app.command(cls=ConfigCommand)
@@ -218,17 +218,22 @@ def _print_result(title: str, result) -> None:
 
 def _print_games_result(title: str, result) -> None:
     """Held-out games against each evaluation opponent before and after a multi-agent run."""
-    table = _result_table(title, result)
+    table = _games_table(_result_table(title, result), {"before": result.before, "after": result.after})
+    Console().print(table)
+    Console().print(f"run directory: {result.run_dir}")
+
+
+def _games_table(table: Table, results: dict[str, dict[str, float] | None]) -> Table:
+    """``table`` with a row per held-out result (``results``: its label -> game metrics) and opponent."""
     for column in ("held-out", "opponent", "win", "draw", "loss", "payoff", "invalid moves"):
         table.add_column(column, justify="left" if column in ("held-out", "opponent") else "right")
-    for name, metrics in (("before", result.before), ("after", result.after)):
+    for name, metrics in results.items():
         for opponent in sorted({k.split("/")[0] for k in metrics or {}}):
             m = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(opponent + "/")}
             rate = lambda key: f"{m[key]:.0%}" if key in m else "-"  # noqa: E731
             table.add_row(name, opponent, rate("win"), rate("draw"), rate("loss"), f"{m['payoff']:.3f}",
                           f"{m['invalid_rate']:.0%}")
-    Console().print(table)
-    Console().print(f"run directory: {result.run_dir}")
+    return table
 
 
 @app.command("eval", cls=ConfigCommand)
@@ -238,11 +243,17 @@ def eval_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
-    """Evaluate a policy on the environment's held-out split."""
+    """Evaluate a policy on the environment's held-out split.
+
+    A multi-agent env's held-out games are played against each of multi_agent.eval_opponents in each role.
+    """
     with _user_errors():
         cfg = load_config(config, overrides)
-        _single_agent(cfg, "eval")
-        from posttrain.envs import EnvError
+        from posttrain.envs import EnvError, env_is_multi_agent
+
+        if env_is_multi_agent(cfg.env.id, cfg.env.kwargs):
+            _eval_games(cfg, checkpoint, as_json)
+            return
         from posttrain.train.context import RunContext
 
         with RunContext(cfg, checkpoint=checkpoint, generation_batch=cfg.eval.batch_size) as ctx:
@@ -258,6 +269,22 @@ def eval_cmd(
                                      "samples_per_task": cfg.eval.samples_per_task, **result.to_json()}) + "\n")
     else:
         _print_eval(result, cfg.eval.samples_per_task)
+
+
+def _eval_games(cfg, checkpoint: str | None, as_json: bool) -> None:
+    from posttrain.train.selfplay import evaluate_checkpoint
+
+    if checkpoint is not None and not Path(checkpoint).is_dir():
+        raise ConfigError(f"--checkpoint {checkpoint}: no such directory (expected a checkpoint directory of a "
+                          "run, or its model/)")
+    with _progress() as progress:
+        metrics = evaluate_checkpoint(cfg, checkpoint, _progress_hook(progress, lambda info: ""))
+    if as_json:
+        sys.stdout.write(json.dumps({"checkpoint": checkpoint, "model": cfg.model.name, "env": cfg.env.id,
+                                     **metrics}) + "\n")
+        return
+    Console().print(_games_table(Table(title=f"held-out games: {cfg.env.id}, {checkpoint or cfg.model.name}"),
+                                 {"policy": metrics}))
 
 
 def _print_eval(result, samples_per_task: int) -> None:

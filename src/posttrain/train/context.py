@@ -9,7 +9,8 @@ policy, a generation backend, a metrics logger, held-out evaluation and checkpoi
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,21 +188,9 @@ class RunContext:
 
         cfg = self.cfg
         self.backend.sync_weights()  # an engine with its own copy of the weights gets the latest
-        # Sampled evaluations draw from a generator of their own, seeded by the step: they never shift
-        # the training samples (so eval settings do not change a run, and a resumed run evaluates as an
-        # uninterrupted one), and an evaluation at step N is reproducible. HFBackend keeps its sampling
-        # RNG in ``generator``; a backend without one samples as it does.
-        generator = getattr(self.backend, "generator", None)
-        saved = generator.get_state() if isinstance(generator, torch.Generator) else None
-        if saved is not None:
-            generator.manual_seed(cfg.seed * 1_000_003 + step + self.dist.rank)
-        try:
-            with self.dist.full_weights(self.policy.model):  # each rank its share of the tasks, then gathered
-                share = evaluate(self.envs, self.backend, self.policy.tokenizer, self.dist.shard(tasks), cfg.eval,
-                                 cfg.rollout, cfg.env.step_timeout, tick, cfg.env.success_reward)
-        finally:
-            if saved is not None:
-                generator.set_state(saved)
+        with self.evaluation_sampling(step), self.dist.full_weights(self.policy.model):  # each rank its share, gathered
+            share = evaluate(self.envs, self.backend, self.policy.tokenizer, self.dist.shard(tasks), cfg.eval,
+                             cfg.rollout, cfg.env.step_timeout, tick, cfg.env.success_reward)
         result = merge_results(self.dist.gather(share))
         self.progress("eval", len(tasks), len(tasks), {"step": step, **result.metrics()})
         if self.logger is not None:
@@ -210,6 +199,22 @@ class RunContext:
             samples.parent.mkdir(parents=True, exist_ok=True)
             samples.write_text("".join(dumps_finite(s) + "\n" for s in result.samples))
         return result
+
+    @contextmanager
+    def evaluation_sampling(self, step: int) -> Iterator[None]:
+        """Sampled evaluations draw from a generator of their own, seeded by the step: they never shift the
+        training samples (so eval settings do not change a run, and a resumed run evaluates as an uninterrupted
+        one), and an evaluation at step N is reproducible. HFBackend keeps its sampling RNG in ``generator``; a
+        backend without one samples as it does."""
+        generator = getattr(self.backend, "generator", None)
+        saved = generator.get_state() if isinstance(generator, torch.Generator) else None
+        if saved is not None:
+            generator.manual_seed(self.cfg.seed * 1_000_003 + step + self.dist.rank)
+        try:
+            yield
+        finally:
+            if saved is not None:
+                generator.set_state(saved)
 
     def checkpoint_due(self, step: int) -> bool:
         """Whether ``train.checkpoint_every`` asks for a checkpoint after ``step`` (the trainers also save after

@@ -175,45 +175,53 @@ def cut_run_dir(run_dir: Path, step: int, store: TrajectoryStore | None, run_ids
     (run_dir / "summary.json").unlink(missing_ok=True)
 
 
-def load_weights(policy, model_dir: Path) -> None:
-    """Load a checkpoint's weights (or LoRA adapters) into the already built policy.
+def load_weights(policy, model_dir: Path, option: str = "--resume") -> None:
+    """Load a checkpoint's weights (or LoRA adapters) into the already built policy; errors begin with the
+    command-line ``option`` that named the checkpoint.
 
     The policy is built from ``model.name`` first, so a frozen reference model stays the original
     one; only the trained weights come from the checkpoint.
     """
-    from peft import PeftModel, set_peft_model_state_dict
+    from peft import PeftModel
 
     model = policy.model
     if isinstance(model, PeftModel):
-        adapters = _read_weights(model_dir / "adapter_model.safetensors")
-        try:
-            set_peft_model_state_dict(model, adapters)
-        except RuntimeError as e:  # a tensor of another shape: adapters of another rank or model
-            raise ConfigError(f"--resume: the adapters in {model_dir} do not fit this run's model and "
-                              f"model.lora ({describe_error(e)})") from None
+        load_adapters(model, "default", model_dir, option)
         return
     weights: dict = {}
     for part in sorted(model_dir.glob("model*.safetensors")):  # one file, or the shards of a large model
-        weights.update(_read_weights(part))
+        weights.update(_read_weights(part, option))
     try:
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as e:  # the same names with other shapes
-        raise ConfigError(f"--resume: the weights in {model_dir} do not match model.name's architecture "
+        raise ConfigError(f"{option}: the weights in {model_dir} do not match model.name's architecture "
                           f"({describe_error(e)})") from None
     tied = {k for k in missing if "lm_head" in k} if model.config.tie_word_embeddings else set()
     if not weights or set(missing) - tied or unexpected:
-        raise ConfigError(f"--resume: the weights in {model_dir} do not match model.name's architecture "
+        raise ConfigError(f"{option}: the weights in {model_dir} do not match model.name's architecture "
                           f"(missing {sorted(set(missing) - tied)[:3]}, unexpected {unexpected[:3]})")
 
 
-def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+def load_adapters(model, name: str, folder: Path, option: str = "--resume") -> None:
+    """The LoRA adapter ``name`` of a peft ``model`` from ``folder``'s ``adapter_model.safetensors``."""
+    from peft import set_peft_model_state_dict
+
+    adapters = _read_weights(folder / "adapter_model.safetensors", option)
+    try:
+        set_peft_model_state_dict(model, adapters, adapter_name=name)
+    except RuntimeError as e:  # a tensor of another shape: adapters of another rank or model
+        raise ConfigError(f"{option}: the adapters in {folder} do not fit this run's model and "
+                          f"model.lora ({describe_error(e)})") from None
+
+
+def _read_weights(path: Path, option: str) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     try:
         return load_file(str(path))
     except SafetensorError as e:  # empty, cut short or not safetensors (a missing file is an OSError)
-        raise ConfigError(f"--resume: {path} is not a readable safetensors file ({describe_error(e)})") from None
+        raise ConfigError(f"{option}: {path} is not a readable safetensors file ({describe_error(e)})") from None
 
 
 # What every checkpoint's trainer_state.pt holds (:func:`posttrain.train.checkpoint.save_checkpoint`); each

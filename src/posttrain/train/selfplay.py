@@ -13,12 +13,14 @@ generation switches adapters per role and each role's trajectories train only it
 
 Checkpoints (``train.checkpoint_every``, a signal, the end) and ``--resume`` work as in the
 single-agent trainer (:mod:`posttrain.train.resume`); a checkpoint also holds the role baselines, the
-seed sampler, the opponent pool and, with LoRA, every role's adapters.
+seed sampler, the opponent pool and, with LoRA, every role's adapters. :func:`evaluate_checkpoint`
+(``posttrain eval``) plays a checkpoint's held-out games as the run's evaluation at its step did.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +37,14 @@ from posttrain.train.context import ProgressHook, RunContext
 from posttrain.train.game_metrics import game_metrics
 from posttrain.train.optimizer import adamw, lr_schedule
 from posttrain.train.policy_pool import PolicyPool, adapter_name, add_role_adapters
-from posttrain.train.resume import cut_run_dir, load_trainer_state, load_weights, restoring, resume_from
+from posttrain.train.resume import (
+    cut_run_dir,
+    load_adapters,
+    load_trainer_state,
+    load_weights,
+    restoring,
+    resume_from,
+)
 from posttrain.train.stopping import RunGuard
 from posttrain.types import Batch, GameResult, Task, Trajectory
 
@@ -161,6 +170,24 @@ class SelfPlayTrainer:
             self.ctx.restore_rngs(state)
         cut_run_dir(self.run_dir, self.step, None, set())
 
+    def load_policy(self, checkpoint: Path) -> None:
+        """The policy of ``checkpoint`` (a checkpoint directory, or its ``model/``) in place of ``model.name``'s:
+        its weights, or its LoRA adapters (every role's with ``multi_agent.policies: per_role``)."""
+        model_dir = checkpoint / "model" if (checkpoint / "model").is_dir() else checkpoint
+        if self.cfg.multi_agent.policies == "shared":
+            if not any(model_dir.glob("*.safetensors")):
+                raise ConfigError(f"--checkpoint {checkpoint}: no weights or adapters (*.safetensors) in {model_dir}"
+                                  " (expected a checkpoint directory of a run, or its model/)")
+            load_weights(self.policy, model_dir, "--checkpoint")
+            return
+        for role in self.roles:
+            folder = model_dir / adapter_name(role)
+            if not (folder / "adapter_model.safetensors").is_file():
+                raise ConfigError(f"--checkpoint {checkpoint}: no adapter for role {role!r} ({folder} has no "
+                                  "adapter_model.safetensors): multi_agent.policies=per_role evaluates a checkpoint "
+                                  "of a per_role run")
+            load_adapters(self.policy.model, adapter_name(role), folder, "--checkpoint")
+
     def _next_tasks(self, n: int) -> list[Task]:
         return [self.train_tasks[self._task_rng.randrange(len(self.train_tasks))] for _ in range(n)]
 
@@ -265,16 +292,35 @@ class SelfPlayTrainer:
         metrics: dict[str, float] = {}
         opponents = cfg.multi_agent.eval_opponents
         for done, opponent in enumerate(opponents, 1):
-            if opponent == "self":
-                games = self.play(tasks, [dict(self.learners) for _ in tasks], params)
-            else:
-                lineups = [{r: (self.learners[r] if r == seat else FixedPlayer(opponent)) for r in self.roles}
-                           for seat in self.roles for _ in tasks]
-                games = self.play([t for _ in self.roles for t in tasks], lineups, params)
+            with self.ctx.evaluation_sampling(self.step):
+                if opponent == "self":
+                    games = self.play(tasks, [dict(self.learners) for _ in tasks], params)
+                else:
+                    lineups = [{r: (self.learners[r] if r == seat else FixedPlayer(opponent)) for r in self.roles}
+                               for seat in self.roles for _ in tasks]
+                    games = self.play([t for _ in self.roles for t in tasks], lineups, params)
             metrics.update({f"{opponent}/{k}": v for k, v in game_metrics(games, learner_names).items()})
             self.progress("eval", done, len(opponents), {})
         self.ctx.log("eval", self.step, metrics)
         return metrics
+
+
+def evaluate_checkpoint(cfg: RunConfig, checkpoint: str | None, progress: ProgressHook | None = None
+                        ) -> dict[str, float]:
+    """``posttrain eval`` of a multi-agent config: the held-out games against each of
+    ``multi_agent.eval_opponents`` in each role, played by ``checkpoint``'s policy (``model.name``'s without
+    one). Games are dealt from the seed and the step, so a checkpoint directory named ``step-N`` (or its
+    ``model/``) plays the games the run's evaluation at step N played, and gives the results it logged."""
+    trainer = SelfPlayTrainer(cfg, progress)
+    try:
+        if checkpoint is not None:
+            path = Path(checkpoint)
+            trainer.load_policy(path)
+            step = re.fullmatch(r"step-(\d+)", (path.parent if path.name == "model" else path).name)
+            trainer.step = int(step.group(1)) if step else 0
+        return trainer.evaluate()
+    finally:
+        trainer.ctx.close()
 
 
 def _check_multi_agent(cfg: RunConfig) -> list[str]:
