@@ -223,3 +223,33 @@ def test_web_screenshots_are_shown_beside_their_turn(browser, tiny_run, tmp_path
     assert image.get_attribute("src") == "../screenshots/ep-1/step01.png"
     assert [m for m in page.messages if m[0] in ("error", "pageerror")] == []
     page.close()
+
+
+def test_a_self_play_run_reports_its_games_per_opponent_and_seat(tmp_path):
+    """Kuhn poker against a random player and itself: wins, payoff and invalid moves in charts and a table per
+    evaluation, opponent and seat, read from what the run logged; a game's "loss" (games lost) is not charted
+    as a training loss."""
+    from posttrain.train.selfplay import SelfPlayTrainer
+
+    cfg = load_config(None, ["model.name=tiny-random", "env.id=kuhn_poker", "algorithm.group_size=2",
+                             "train.steps=2", "train.tasks_per_step=2", "rollout.max_new_tokens=3",
+                             "eval.max_new_tokens=3", "eval.num_tasks=2",
+                             "multi_agent.eval_opponents=[random, self]", f"output_dir={tmp_path / 'run'}"])
+    SelfPlayTrainer(cfg).train()
+    run = load_run(tmp_path / "run")
+    page = render_report(run, tokenizer=None)
+    table = page[page.index('<table id="games-table">'):]
+    table = table[: table.index("</table>")]
+    assert table.count("<tr>") == 1 + 2 * 2 * 3  # the head; 2 evaluations x 2 opponents x (both seats, each)
+    after = run.evals[-1]
+    row = (f"<tr><td>2</td><td>random</td><td>player_1</td><td class=\"num\">{after['random/player_1/games']:g}</td>"
+           f"<td class=\"num\">{after['random/player_1/win']:.1%}</td>")
+    assert row in table
+    charts = charts_html(run)
+    assert all(f"vs {o} at step 2" in charts for o in ("random", "self"))
+    assert "Wins" in charts and "Payoff" in charts and "Invalid moves" in charts and "Success" not in charts
+    assert "policy loss at step 2" in charts and "loss at step 2: " not in charts.replace("policy loss at", "")
+    before, last = run.summary["before"]["random/win"], run.summary["after"]["random/win"]
+    assert f"<dt>held-out win vs random</dt><dd>{before:.0%} -&gt; {last:.0%}</dd>" in page
+    assert "No held-out evaluation" not in page and "<table id=\"eval-table\">" not in page
+    assert "store.write" not in page  # a multi-agent run keeps no trajectory store to point to

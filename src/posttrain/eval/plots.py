@@ -15,6 +15,7 @@ from html import escape
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9")
 WIDTH, HEIGHT = 360, 200
 LEFT, RIGHT, TOP, BOTTOM = 52, 12, 26, 34
+LEGEND_CHAR = 5.5  # about a 10px system-ui glyph's width: each legend entry is as wide as its label
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ def line_chart(title: str, series: list[Series], y_label: str = "") -> str:
     if y_label:
         parts.append(f'<text class="axis-label" x="12" y="{TOP + plot_h / 2}" text-anchor="middle" '
                      f'transform="rotate(-90 12 {TOP + plot_h / 2})">{escape(y_label)}</text>')
+    widths = [24 + LEGEND_CHAR * len(s.label) for s in series]  # swatch, gap, label, space to the next
     for i, s in enumerate(series):
         colour = PALETTE[i % len(PALETTE)]
         path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in s.points)
@@ -117,7 +119,7 @@ def line_chart(title: str, series: list[Series], y_label: str = "") -> str:
                   f'<title>{escape(s.label)} at step {format_number(x)}: {format_number(y)}</title></circle>'
                   for x, y in s.points]
         if len(series) > 1:  # legend entries on the title line, from the right edge
-            lx = WIDTH - RIGHT - (len(series) - i) * 84
+            lx = WIDTH - RIGHT - sum(widths[i:]) + 10
             parts.append(f'<rect x="{lx}" y="11" width="10" height="3" fill="{colour}"/>'
                          f'<text class="legend" x="{lx + 14}" y="15">{escape(s.label)}</text>')
     parts.append("</svg>")

@@ -35,7 +35,7 @@ CHARTS: list[tuple[str, str, list[tuple[str, str, str]]]] = [
     ("Length", "sampled tokens", [("train", "completion_tokens_mean", "train"), ("eval", "tokens_mean", "held-out")]),
     ("Throughput", "tokens / s", [("train", "tokens_per_second", "sampled tokens / s")]),
     ("Step time", "seconds", [("train", "step_seconds", "step"), ("train", "generation_seconds", "generation")]),
-    ("Loss", "loss", [("train", "loss", "loss")]),
+    ("Loss", "loss", [("train", "loss", "loss"), ("train", "policy_loss", "policy loss")]),
     ("Gradient norm", "norm", [("train", "grad_norm", "grad norm")]),
     ("Turns", "turns / episode", [("train", "turns_mean", "train"), ("eval", "turns_mean", "held-out")]),
     ("Curriculum level", "level", [("train", "curriculum/level", "level")]),
@@ -50,9 +50,28 @@ def _series(run: RunData, split: str, key: str, label: str) -> Series:
                           if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)])
 
 
+def game_opponents(run: RunData) -> list[str]:
+    """A multi-agent run's evaluation opponents (its held-out records' ``OPPONENT/payoff`` keys); [] for a
+    single-agent run."""
+    return sorted({k.split("/")[0] for r in run.evals for k in r if k.count("/") == 1 and k.endswith("/payoff")})
+
+
+def game_charts(opponents: list[str]) -> list[tuple[str, str, list[tuple[str, str, str]]]]:
+    """Charts of a multi-agent run: the policy's seats in training games ("train") and in the held-out games
+    against each evaluation opponent ("vs random", ...)."""
+    def held_out(key: str) -> list[tuple[str, str, str]]:
+        return [("eval", f"{o}/{key}", f"vs {o}") for o in opponents]
+
+    return [("Wins", "share of games", [("train", "win", "train"), *held_out("win")]),
+            ("Payoff", "mean payoff", [("train", "payoff", "train"), *held_out("payoff")]),
+            ("Invalid moves", "share of turns", [("train", "invalid_rate", "train"), *held_out("invalid_rate")])]
+
+
 def charts_html(run: RunData) -> str:
-    charts = []
-    for title, y_label, metrics in CHARTS:
+    charts, opponents = [], game_opponents(run)
+    for title, y_label, metrics in [*game_charts(opponents), *CHARTS]:
+        if opponents:  # in a game's records "loss" is the share of games lost (in the Wins table), not a loss
+            metrics = [m for m in metrics if m[:2] != ("train", "loss")]
         series = [_series(run, *m) for m in metrics]
         if title == "Turns" and all(y == 1.0 for s in series for _, y in s.points):
             continue
@@ -68,9 +87,12 @@ def _cell(value: Any, percent: bool = False) -> str:
 
 
 def eval_table_html(run: RunData) -> str:
-    """One row per evaluation: success, pass@k, reward, turns, tokens, errors."""
+    """One row per evaluation: success, pass@k, reward, turns, tokens, errors (a multi-agent run: its games)."""
     if not run.evals:
         return "<p>No held-out evaluation was logged.</p>"
+    opponents = game_opponents(run)
+    if opponents:
+        return games_table_html(run, opponents)
     pass_keys = sorted({k for r in run.evals for k in r if k.startswith("pass@")}, key=lambda k: int(k[5:]))
     columns = [EVAL_COLUMNS[0], *((k, k, True) for k in pass_keys), *EVAL_COLUMNS[1:], ("errors", "errors", False)]
     head = "".join(f"<th>{escape(label)}</th>" for _, label, _ in columns)
@@ -78,6 +100,25 @@ def eval_table_html(run: RunData) -> str:
                    for r in run.evals)
     out = f'<table id="eval-table"><thead><tr><th>step</th>{head}</tr></thead><tbody>{rows}</tbody></table>'
     return out + difficulty_table_html(run)
+
+
+GAME_COLUMNS = [("games", False), ("win", True), ("draw", True), ("loss", True), ("payoff", False),
+                ("invalid_rate", True)]
+
+
+def games_table_html(run: RunData, opponents: list[str]) -> str:
+    """Held-out games at each evaluation against each opponent: the policy's seats together, then each role."""
+    rows = []
+    for r in run.evals:
+        for opponent in opponents:
+            roles = sorted({k.split("/")[1] for k in r if k.count("/") == 2 and k.startswith(f"{opponent}/")
+                            and k.endswith("/payoff")})
+            for seat, prefix in [("all", f"{opponent}/"), *((role, f"{opponent}/{role}/") for role in roles)]:
+                cells = "".join(_cell(r.get(prefix + key), percent) for key, percent in GAME_COLUMNS)
+                rows.append(f"<tr><td>{r['step']}</td><td>{escape(opponent)}</td><td>{escape(seat)}</td>{cells}</tr>")
+    head = "".join(f"<th>{name}</th>" for name in ("step", "opponent", "seat", "games", "win", "draw", "loss",
+                                                   "payoff", "invalid moves"))
+    return f'<table id="games-table"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
 def difficulty_table_html(run: RunData) -> str:
@@ -132,6 +173,13 @@ def header_html(run: RunData) -> str:
         result = summary.get(when)
         if isinstance(result, dict) and isinstance(result.get("accuracy"), (int, float)):
             facts.append((f"held-out {when}", f"{result['accuracy']:.1%}"))
+    for opponent in game_opponents(run):  # a multi-agent run: its seats' wins (payoff where no one wins)
+        key = f"{opponent}/win" if any(f"{opponent}/win" in r for r in run.evals) else f"{opponent}/payoff"
+        ends = [summary.get(when) for when in ("before", "after")]
+        shown = [f"{e[key]:.0%}" if key.endswith("win") else format_number(e[key]) for e in ends
+                 if isinstance(e, dict) and isinstance(e.get(key), (int, float))]
+        if shown:
+            facts.append((f"held-out {key.split('/')[1]} vs {opponent}", " -> ".join(shown)))
     items = "".join(f"<div><dt>{escape(k)}</dt><dd>{escape(v)}</dd></div>" for k, v in facts)
     note = (f'<p class="warn">{run.skipped_lines} unreadable lines skipped (a run killed while writing).</p>'
             if run.skipped_lines else "")
@@ -144,8 +192,9 @@ def render_report(run: RunData, tokenizer, max_train: int = 3000, max_eval: int 
     data = viewer_data(run, tokenizer, max_train, max_eval, report_dir)
     left_out = (f"<p class=\"note\">{data['left_out']} episodes left out to keep the file small (whole steps, "
                 "evenly spaced, are kept).</p>" if data["left_out"] else "")
-    stored = ("" if run.trajectories else "<p class=\"note\">No training trajectories: the run did not write its "
-              "trajectory store (set <code>store.write: true</code>); held-out episodes only.</p>")
+    stored = ("" if run.trajectories or game_opponents(run) else "<p class=\"note\">No training trajectories: the "
+              "run did not write its trajectory store (set <code>store.write: true</code>); held-out episodes "
+              "only.</p>")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{CSP}">
