@@ -97,6 +97,7 @@ class OfflineTrainer:
         self.eval_tasks = self.ctx.tasks("eval")
         self.skipped_parts: list[tuple[str, str]] = []  # (store part, why it was left out)
         self.examples, self.labels = self._load_examples()
+        self.examples_digest = examples_digest(self._rows(list(range(len(self.examples)))), self.labels)
         self.optimizer = adamw(self.policy.trainable_parameters(), self.off.learning_rate, cfg.train.weight_decay)
         total = self.off.epochs * -(-len(self.examples) // self.off.batch_size)
         self.scheduler = lr_schedule(self.optimizer, cfg.train.warmup_steps, total, cfg.train.lr_schedule,
@@ -228,10 +229,7 @@ class OfflineTrainer:
     def save(self) -> Path:
         return self.ctx.save_checkpoint(self.step, self.optimizer, self.scheduler,
                                         {"method": self.off.method, "reference": self.reference,
-                                         "examples": [len(self.examples), self._digest()]})
-
-    def _digest(self) -> str:
-        return examples_digest(self._rows(list(range(len(self.examples)))), self.labels)
+                                         "examples": [len(self.examples), self.examples_digest]})
 
     def restore(self, checkpoint: Path) -> None:
         """Continue exactly where ``checkpoint`` left off; the run directory is cut back to its step (last, so
@@ -239,7 +237,7 @@ class OfflineTrainer:
         state = load_trainer_state(checkpoint, ("reference", "examples"))
         with restoring(checkpoint):
             count, digest = state["examples"]
-        if digest != self._digest():
+        if digest != self.examples_digest:
             source = f"sft.demonstrations ({self.cfg.sft.demonstrations})" if self.off.method == "sft" \
                 else f"offline.store ({self.off.store})"
             raise DataError(f"--resume: the training examples are not the ones {checkpoint} was trained on "
