@@ -65,11 +65,11 @@ def test_a_signal_during_self_play_saves_a_checkpoint_says_where_and_exits(tmp_p
 
 
 @pytest.mark.slow
-def test_a_signal_during_reward_model_training_saves_the_model_says_where_and_exits(tmp_path):
+def test_a_signal_during_reward_model_training_saves_a_checkpoint_says_where_and_exits(tmp_path):
     from test_reward_model import _store
 
     _store(tmp_path / "store")
-    config = tiny_config(tmp_path, reward_model={"store": str(tmp_path / "store"), "epochs": 100000})
+    config = tiny_config(tmp_path, reward_model={"store": str(tmp_path / "store"), "epochs": 1000})
     proc = subprocess.Popen([sys.executable, "-m", "posttrain.cli", "rm", "train", str(config)], env=ENV, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "run" / "reward_model-logs" / "metrics.jsonl"
@@ -82,9 +82,14 @@ def test_a_signal_during_reward_model_training_saves_the_model_says_where_and_ex
     assert "Traceback" not in err
     (line,) = [x for x in err.splitlines() if x.startswith("stopped:")]
     step = int(line.split("after step ")[1].split(":")[0])
-    assert line.endswith(f"checkpoint saved to {tmp_path / 'run' / 'reward_model'}")
-    assert (tmp_path / "run" / "reward_model" / "model.safetensors").is_file()
+    checkpoint = tmp_path / "run" / "reward_model-logs" / "checkpoints" / f"step-{step:06d}"
+    assert line.endswith(f"checkpoint saved to {checkpoint}")
+    assert (checkpoint / "model" / "model.safetensors").is_file()  # a reward model `reward.components` can load
     assert json.loads(metrics.read_text().splitlines()[-1])["step"] == step  # the step in flight finished
+
+    # Resumed with fewer epochs the run is another run: refused, naming the field.
+    assert_one_line_error(invoke("rm", "train", config, "--resume", tmp_path / "run",
+                                 "--set", "reward_model.epochs=1"), "--resume: reward_model.epochs is 1 here")
 
 
 # ------------------------------------------------------------------ every episode failed

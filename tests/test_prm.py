@@ -1,4 +1,9 @@
-"""Process reward model: step boundaries in the token sequence, Monte Carlo labels, training, scoring."""
+"""Process reward model: step boundaries in the token sequence, Monte Carlo labels, training, scoring, resume."""
+
+import json
+import os
+import signal
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -6,6 +11,7 @@ from user_rewards import KeywordEnv
 
 from posttrain.config import RewardSection, load_config
 from posttrain.models import Policy
+from posttrain.rewards import prm_train
 from posttrain.rewards.composition import RewardComposer
 from posttrain.rewards.prm import load_prm, step_ends
 from posttrain.rewards.prm_train import (
@@ -19,6 +25,7 @@ from posttrain.rewards.prm_train import (
 )
 from posttrain.rollout import HFBackend, SamplingParams
 from posttrain.train.optimizer import adamw
+from posttrain.train.stopping import TrainingStopped
 from posttrain.types import Step, Task, Trajectory
 
 
@@ -104,3 +111,50 @@ def test_train_prm_end_to_end_and_dense_rewards(tmp_path):
     assert all(0.0 <= r <= 0.5 for _, r in out.dense[0])
     assert out.total == [0.0]  # dense rewards stay out of the outcome
     assert out.metrics["reward/prm"] == pytest.approx(2 * sum(r for _, r in out.dense[0]) / 3)
+
+
+def _stop_at(phase: str):
+    """A progress hook that sends this process SIGTERM the first time ``phase`` reports: the run's own signal
+    handler records it and the run stops at the next chunk or step boundary, as it would for `kill`."""
+    sent = []
+
+    def hook(seen: str, done: int, total: int, info: dict) -> None:
+        if seen == phase and not sent:
+            sent.append(done)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return hook
+
+
+def test_a_prm_run_stopped_while_labelling_and_while_training_resumes_to_the_uninterrupted_result(tmp_path,
+                                                                                                  monkeypatch):
+    monkeypatch.setattr(prm_train, "LABEL_CHUNK", 4)  # two chunks of training tasks, one of held-out tasks
+    sets = ["model.name=tiny-random", "env.id=user_rewards:KeywordEnv", "prm.tasks=8", "prm.eval_tasks=4",
+            "prm.solutions=2", "prm.rollouts=2", "prm.epochs=2", "prm.batch_size=4", "rollout.max_new_tokens=12",
+            "train.checkpoint_every=3"]
+    whole = train_prm(load_config(None, [*sets, f"output_dir={tmp_path / 'a'}"]))
+    cfg = load_config(None, [*sets, f"output_dir={tmp_path / 'b'}"])
+    logs = tmp_path / "b" / "prm-logs"
+
+    with pytest.raises(TrainingStopped) as stop:  # after the first chunk of tasks
+        train_prm(cfg, progress=_stop_at("label"))
+    assert stop.value.exit_code == 128 + signal.SIGTERM
+    assert str(stop.value) == f"stopped by SIGTERM after labelling 4 of 12 tasks: labels saved to {logs / 'labels.pt'}"
+    assert not (logs / "checkpoints").exists()
+
+    with pytest.raises(TrainingStopped) as stop:  # the other chunks labelled, then a training step
+        train_prm(cfg, progress=_stop_at("train"), resume=tmp_path / "b")
+    checkpoint = logs / "checkpoints" / "step-000001"
+    assert str(stop.value) == f"stopped by SIGTERM after step 1: checkpoint saved to {checkpoint}"
+    assert (checkpoint / "model" / "model.safetensors").is_file()
+
+    resumed = train_prm(cfg, resume=tmp_path / "b")
+    labels = [torch.load(tmp_path / run / "prm-logs" / "labels.pt", weights_only=True) for run in ("a", "b")]
+    assert [(x["train"], x["held"]) for x in labels[1:]] == [(x["train"], x["held"]) for x in labels[:1]]
+    same = {"output": "", "seconds": 0, "label_seconds": 0}  # AUCs are NaN (no wrong step): compared as JSON
+    assert json.dumps({**asdict(resumed), **same}) == json.dumps({**asdict(whole), **same})
+    assert (tmp_path / "b" / "prm" / "model.safetensors").read_bytes() == \
+        (tmp_path / "a" / "prm" / "model.safetensors").read_bytes()
+    a, b = ([{k: v for k, v in json.loads(line).items() if k != "time"}
+             for line in (tmp_path / run / "prm-logs" / "metrics.jsonl").read_text().splitlines()] for run in "ab")
+    assert json.dumps(b) == json.dumps(a)  # every step logged once, as in run a (NaN AUCs: compared as JSON)

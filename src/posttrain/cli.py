@@ -30,6 +30,10 @@ RESUME_HELP = ("Continue the run in this directory from its newest complete chec
                "match the run's).")
 OVERWRITE_HELP = ("Replace the previous run in output_dir: its metrics, events, samples and summary go; its "
                   "checkpoints stay until this run writes the same step. Without it a used output_dir is refused.")
+FIT_RESUME_HELP = ("Continue the run whose output_dir this is (its <model>-logs hold the checkpoints) from where it "
+                   "stopped, exactly (the config must match the run's).")
+FIT_OVERWRITE_HELP = ("Replace the previous run's logs (<model>-logs: metrics, labels); its checkpoints stay until "
+                      "this run writes the same step. Without it a used logs directory is refused.")
 
 
 class ConfigCommand(TyperCommand):
@@ -448,15 +452,18 @@ app.add_typer(prm_app, name="prm")
 def rm_train(
     config: str = typer.Argument(..., help="YAML run config; its reward_model section says what to train on."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    resume: Optional[str] = typer.Option(None, "--resume", help=FIT_RESUME_HELP),
+    overwrite: bool = typer.Option(False, "--overwrite", help=FIT_OVERWRITE_HELP),
 ) -> None:
     """Train a Bradley-Terry reward model on a trajectory store's pairs; report held-out pairwise accuracy."""
     with _user_errors():
         cfg = load_config(config, overrides)
+        _check_resume_dir(resume)
         from posttrain.rewards.rm_train import train_reward_model
 
         with _progress() as progress:
             hook = _progress_hook(progress, lambda info: f"loss {info['loss']:.3f}  acc {info['accuracy']:.2f}")
-            result = train_reward_model(cfg, progress=hook)
+            result = train_reward_model(cfg, progress=hook, resume=resume, overwrite=overwrite)
     Console().print(f"reward model: {result.train_pairs} training pairs, held-out pairwise accuracy "
                     f"{result.accuracy_before:.1%} -> {result.accuracy_after:.1%} on {result.eval_pairs} pairs "
                     f"({result.seconds / 60:.1f} min); saved to {result.output}")
@@ -466,16 +473,18 @@ def rm_train(
 def prm_train(
     config: str = typer.Argument(..., help="YAML run config; its prm section says how to label and train."),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
+    resume: Optional[str] = typer.Option(None, "--resume", help=FIT_RESUME_HELP),
+    overwrite: bool = typer.Option(False, "--overwrite", help=FIT_OVERWRITE_HELP),
 ) -> None:
     """Label sampled solutions step by step, train a process reward model, report held-out step AUC."""
     with _user_errors():
         cfg = load_config(config, overrides)
+        _check_resume_dir(resume)
         from posttrain.rewards.prm_train import train_prm
 
         with _progress() as progress:
             hook = _progress_hook(progress, lambda info: f"loss {info['loss']:.3f}")
-            progress.console.print("sampling and labelling solutions (no progress bar until training starts)")
-            result = train_prm(cfg, progress=hook)
+            result = train_prm(cfg, progress=hook, resume=resume, overwrite=overwrite)
     Console().print(f"process reward model: {result.train_solutions} solutions, {result.train_steps} labelled steps "
                     f"({result.train_success:.1%} solved); held-out step AUC {result.auc_before:.3f} -> "
                     f"{result.auc_after:.3f} on {result.eval_steps} steps (labels' own AUC {result.label_auc:.3f}); "

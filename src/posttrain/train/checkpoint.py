@@ -47,7 +47,7 @@ def save_checkpoint(
     state = {
         "step": step,
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
-        "scheduler": scheduler.state_dict(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "torch_rng": torch.get_rng_state(),
         "python_rng": random.getstate(),
         **extra,

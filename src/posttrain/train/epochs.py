@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Iterator
+from typing import Any
+
+from posttrain.types import Trajectory
 
 
 def epoch_batches(n: int, batch_size: int, epochs: int, rng: random.Random) -> Iterator[tuple[int, list[int]]]:
@@ -14,3 +18,14 @@ def epoch_batches(n: int, batch_size: int, epochs: int, rng: random.Random) -> I
         rng.shuffle(order)
         for start in range(0, n, batch_size):
             yield epoch, order[start : start + batch_size]
+
+
+def examples_digest(rows: list[Trajectory], labels: Any = None) -> str:
+    """What a run trained on, in a few bytes: the token ids and loss masks of ``rows`` in order (and the labels
+    trained towards, if any), so that a resumed run can tell whether its examples are still the same."""
+    digest = hashlib.sha256()
+    for t in rows:
+        digest.update(repr((t.prompt_ids, t.completion_ids, t.loss_mask)).encode())
+    if labels is not None:
+        digest.update(repr(labels).encode())
+    return digest.hexdigest()

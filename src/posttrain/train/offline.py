@@ -18,7 +18,6 @@ share a single forward of that prompt, and only agent tokens go through the LM h
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import random
 import time
@@ -35,7 +34,7 @@ from posttrain.data.store import DataError, TrajectoryStore
 from posttrain.eval import EvalResult
 from posttrain.models import Policy
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
-from posttrain.train.epochs import epoch_batches
+from posttrain.train.epochs import epoch_batches, examples_digest
 from posttrain.train.optimizer import adamw, lr_schedule
 from posttrain.train.resume import cut_run_dir, load_trainer_state, load_weights, restoring, resume_from
 from posttrain.train.stats import RunningStats
@@ -73,17 +72,6 @@ def mismatched(trajectories: list[Trajectory], seed: int) -> list[Trajectory]:
     return out
 
 
-def examples_digest(rows: list[Trajectory], labels: torch.Tensor | None) -> str:
-    """What a run trained on, in a few bytes: the token ids and loss masks of ``rows`` in order (and KTO's
-    labels), so that a resumed run can tell whether its examples are still the same."""
-    digest = hashlib.sha256()
-    for t in rows:
-        digest.update(repr((t.prompt_ids, t.completion_ids, t.loss_mask)).encode())
-    if labels is not None:
-        digest.update(repr(labels.tolist()).encode())
-    return digest.hexdigest()
-
-
 class OfflineTrainer:
     """``cfg.offline.method`` on the data it names; see the module docstring. ``resume``: a run directory to
     continue from its newest complete checkpoint (see train.resume)."""
@@ -97,7 +85,8 @@ class OfflineTrainer:
         self.eval_tasks = self.ctx.tasks("eval")
         self.skipped_parts: list[tuple[str, str]] = []  # (store part, why it was left out)
         self.examples, self.labels = self._load_examples()
-        self.examples_digest = examples_digest(self._rows(list(range(len(self.examples)))), self.labels)
+        self.examples_digest = examples_digest(self._rows(list(range(len(self.examples)))),
+                                               None if self.labels is None else self.labels.tolist())
         self.optimizer = adamw(self.policy.trainable_parameters(), self.off.learning_rate, cfg.train.weight_decay)
         total = self.off.epochs * -(-len(self.examples) // self.off.batch_size)
         self.scheduler = lr_schedule(self.optimizer, cfg.train.warmup_steps, total, cfg.train.lr_schedule,

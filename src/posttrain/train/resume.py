@@ -54,31 +54,41 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): value}
 
 
-def changed_field(saved: dict[str, Any], cfg: RunConfig) -> tuple[str, Any, Any] | None:
-    """The first field that changes the run, as (key, checkpoint's value, this config's value)."""
+def changed_field(saved: dict[str, Any], cfg: RunConfig,
+                  fields: tuple[str, ...] | None = None) -> tuple[str, Any, Any] | None:
+    """The first field that changes the run, as (key, checkpoint's value, this config's value); ``fields``
+    (keys, or prefixes ending in ".") limits the comparison to what a command reads."""
     old, new = flatten(saved), flatten(cfg.model_dump(mode="json"))
     # A decaying learning rate is laid out over train.steps, so then the step budget is part of the run.
     fixed_length = old.get("train.lr_schedule", "constant") != "constant"
     for key in sorted(set(old) | set(new)):
+        if fields is not None and not _matches(key, fields):
+            continue
         if key == "train.steps" and fixed_length:
             pass
-        elif any(key == p or (p.endswith(".") and key.startswith(p)) for p in MAY_CHANGE):
+        elif _matches(key, MAY_CHANGE):
             continue
         if old.get(key) != new.get(key):
             return key, old.get(key), new.get(key)
     return None
 
 
-def latest_checkpoint(run_dir: Path) -> Path:
-    """The newest complete checkpoint (half-written ones keep a hidden ``.tmp`` name and are never listed)."""
+def _matches(key: str, patterns: tuple[str, ...]) -> bool:
+    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in patterns)
+
+
+def latest_checkpoint(run_dir: Path, required: bool = True) -> Path | None:
+    """The newest complete checkpoint (half-written ones keep a hidden ``.tmp`` name and are never listed);
+    without one, an exit-2 error, or None when not ``required``."""
     recover_checkpoints(run_dir)  # a replacement a crash interrupted is finished first
     done = [p for p in (run_dir / "checkpoints").glob("step-*")
             if p.is_dir() and p.name.removeprefix("step-").isdigit() and (p / "trainer_state.pt").is_file()
             and (p / "config.json").is_file()]
-    if not done:
+    if not done and required:
         raise ConfigError(f"--resume {run_dir}: no complete checkpoint under {run_dir / 'checkpoints'} (a run saves "
-                          "one every train.checkpoint_every steps and at the end)")
-    return max(done, key=lambda p: int(p.name.removeprefix("step-")))
+                          "one every train.checkpoint_every steps, on SIGINT or SIGTERM and, when it trains a "
+                          "policy, at the end)")
+    return max(done, key=lambda p: int(p.name.removeprefix("step-"))) if done else None
 
 
 def resume_from(resume: str | Path | None, cfg: RunConfig) -> tuple[Path | None, RunConfig]:
@@ -95,8 +105,9 @@ def resume_from(resume: str | Path | None, cfg: RunConfig) -> tuple[Path | None,
     return checkpoint, cfg.model_copy(update={"output_dir": str(resume)})
 
 
-def check_resumable(checkpoint: Path, cfg: RunConfig) -> None:
-    """Exit-2 error naming the first run-changing field where ``cfg`` differs from the checkpoint's."""
+def check_resumable(checkpoint: Path, cfg: RunConfig, fields: tuple[str, ...] | None = None) -> None:
+    """Exit-2 error naming the first run-changing field (of ``fields``, see :func:`changed_field`) where ``cfg``
+    differs from the config in ``checkpoint`` (a checkpoint or run directory holding ``config.json``)."""
     path = checkpoint / "config.json"
     try:
         saved = json.loads(path.read_bytes())
@@ -105,7 +116,7 @@ def check_resumable(checkpoint: Path, cfg: RunConfig) -> None:
     if not isinstance(saved, dict):
         raise ConfigError(f"--resume: {path} holds {json.dumps(saved)[:60]}, not the run config a checkpoint holds "
                           "(a JSON object)")
-    diff = changed_field(saved, cfg)
+    diff = changed_field(saved, cfg, fields)
     if diff is not None:
         key, old, new = diff
         raise ConfigError(f"--resume: {key} is {new!r} here but {old!r} in {checkpoint}; resuming with another "
@@ -233,31 +244,35 @@ def load_trainer_state(checkpoint: Path, keys: tuple[str, ...]) -> dict[str, Any
     """``checkpoint``'s ``trainer_state.pt``, unpickled as data only (see the module docstring), holding
     :data:`CHECKPOINT_KEYS` and ``keys`` (what the trainer restores); anything else is an exit-2 error naming
     the file."""
-    path = checkpoint / "trainer_state.pt"
+    return load_state_file(checkpoint / "trainer_state.pt", (*CHECKPOINT_KEYS, *keys), "trainer state")
+
+
+def load_state_file(path: Path, keys: tuple[str, ...], what: str) -> dict[str, Any]:
+    """A dict posttrain saved with ``torch.save`` at ``path``, read as data only, holding ``keys``; anything else
+    is an exit-2 error naming the file as not the ``what`` expected."""
     with path.open("rb") as file:  # a file that cannot be opened is reported by the CLI with its name
         try:
             state = torch.load(file, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - whatever the bytes make the unpickler raise
-            raise ConfigError(f"--resume: {path} is not a trainer state posttrain wrote: {_unpickling_error(e)}") \
+            raise ConfigError(f"--resume: {path} is not a {what} posttrain wrote: {_unpickling_error(e)}") \
                 from None
     if not isinstance(state, dict):
-        raise ConfigError(f"--resume: {path} holds a {type(state).__name__}, not a trainer state (a dict)")
-    missing = [key for key in (*CHECKPOINT_KEYS, *keys) if key not in state]
+        raise ConfigError(f"--resume: {path} holds a {type(state).__name__}, not a {what} (a dict)")
+    missing = [key for key in keys if key not in state]
     if missing:
-        raise ConfigError(f"--resume: {path} has no {', '.join(missing)}: not a trainer state of this run's "
-                          "trainer (written by another version of posttrain, or by another kind of run)")
+        raise ConfigError(f"--resume: {path} has no {', '.join(missing)}: not a {what} of this run's kind "
+                          "(written by another version of posttrain, or by another kind of run)")
     return state
 
 
 @contextmanager
-def restoring(checkpoint: Path) -> Iterator[None]:
-    """Around a trainer's restore from ``checkpoint``'s state: what ``load_state_dict`` and the generators'
-    setters raise on a state of another shape becomes an exit-2 error naming the file."""
+def restoring(checkpoint: Path, file: str = "trainer_state.pt") -> Iterator[None]:
+    """Around a trainer's restore from ``checkpoint``'s state (``file`` in it): what ``load_state_dict`` and the
+    generators' setters raise on a state of another shape becomes an exit-2 error naming the file."""
     try:
         yield
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, RuntimeError) as e:
-        raise ConfigError(f"--resume: {checkpoint / 'trainer_state.pt'} does not fit this run: "
-                          f"{describe_error(e)}") from None
+        raise ConfigError(f"--resume: {checkpoint / file} does not fit this run: {describe_error(e)}") from None
 
 
 def _unpickling_error(error: Exception) -> str:

@@ -23,8 +23,10 @@ from pathlib import Path
 from posttrain.train.checkpoint import recover_checkpoints
 
 # What a run leaves in its directory; any of them means the directory was used.
-RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "checkpoints", "tensorboard", "eval_samples")
-_REPLACED_BY_OVERWRITE = ("metrics.jsonl", "summary.json", "config.json", "tensorboard", "eval_samples")
+# (labels.pt: `posttrain prm train`'s labelled solutions.)
+RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "checkpoints", "tensorboard", "eval_samples",
+             "labels.pt")
+_REPLACED_BY_OVERWRITE = ("metrics.jsonl", "summary.json", "config.json", "tensorboard", "eval_samples", "labels.pt")
 
 
 class RunDirError(ValueError):

@@ -32,11 +32,15 @@ class TrainingStopped(RuntimeError):
 class RunGuard:
     """``with RunGuard(save, steps_done) as guard:`` around a training loop; ``guard.check()`` at each
     step boundary. ``save()`` writes a checkpoint of the current weights and returns its path;
-    ``steps_done()`` is the number of completed training steps (0: nothing to save)."""
+    ``steps_done()`` is the number of completed training steps (0: nothing to save). ``after(done)`` and
+    ``saved`` word the stop line for other work done in units (``prm train``'s labelling saves labels)."""
 
-    def __init__(self, save: Callable[[], Path], steps_done: Callable[[], int]):
+    def __init__(self, save: Callable[[], Path], steps_done: Callable[[], int],
+                 after: Callable[[int], str] = "step {}".format, saved: str = "checkpoint"):
         self._save = save
         self._steps_done = steps_done
+        self._after = after
+        self._saved = saved
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
 
@@ -59,7 +63,7 @@ class RunGuard:
         if not done:
             raise TrainingStopped(f"stopped by {name} before the first training step: nothing to save",
                                   128 + self.signum)
-        raise TrainingStopped(f"stopped by {name} after step {done}: checkpoint saved to {self._save()}",
+        raise TrainingStopped(f"stopped by {name} after {self._after(done)}: {self._saved} saved to {self._save()}",
                               128 + self.signum)
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -71,8 +75,8 @@ class RunGuard:
             path = self._save()
         except CheckpointError as saving:
             raise TrainingStopped(f"{_describe(exc)}; {saving}", 2) from None
-        raise TrainingStopped(f"{_describe(exc)}; the weights of step {self._steps_done()} are saved in {path}",
-                              2) from None
+        raise TrainingStopped(f"{_describe(exc)}; stopped after {self._after(self._steps_done())}: {self._saved} "
+                              f"saved to {path}", 2) from None
 
 
 def _describe(error: BaseException) -> str:
