@@ -9,7 +9,7 @@ import pytest
 import torch
 from user_rewards import KeywordEnv
 
-from posttrain.config import RewardSection, load_config
+from posttrain.config import ConfigError, RewardSection, load_config
 from posttrain.models import Policy
 from posttrain.rewards import prm_train
 from posttrain.rewards.composition import RewardComposer
@@ -141,6 +141,11 @@ def test_a_prm_run_stopped_while_labelling_and_while_training_resumes_to_the_uni
     assert stop.value.exit_code == 128 + signal.SIGTERM
     assert str(stop.value) == f"stopped by SIGTERM after labelling 4 of 12 tasks: labels saved to {logs / 'labels.pt'}"
     assert not (logs / "checkpoints").exists()
+    saved = (logs / "labels.pt").read_bytes()
+    (logs / "labels.pt").write_bytes(saved[: len(saved) // 2])  # a damaged file is named, not loaded
+    with pytest.raises(ConfigError, match=f"--resume: {logs / 'labels.pt'} is not a labelling posttrain wrote"):
+        train_prm(cfg, resume=tmp_path / "b")
+    (logs / "labels.pt").write_bytes(saved)
 
     with pytest.raises(TrainingStopped) as stop:  # the other chunks labelled, then a training step
         train_prm(cfg, progress=_stop_at("train"), resume=tmp_path / "b")

@@ -71,7 +71,7 @@ def open_fit_run(cfg: RunConfig, output: Path, logs: Path, fields: tuple[str, ..
     if resume and (output / "training.json").is_file():
         raise ConfigError(f"--resume: the run finished (its model and training.json are in {output}): nothing to "
                           "continue")
-    run = open_run_dir(logs, overwrite=overwrite, resume=resume)
+    run = open_run_dir(logs, overwrite=overwrite, resume=resume, what="the run's logs directory")
     try:
         if resume:
             check_resumable(logs, cfg, fields)

@@ -57,29 +57,31 @@ def previous_run_files(path: Path) -> list[str]:
     return [name for name in RUN_FILES if (path / name).exists()]
 
 
-def open_run_dir(output_dir: str | Path, overwrite: bool = False, resume: bool = False) -> RunDir:
-    """Lock ``output_dir`` for one run; raise :class:`RunDirError` if it cannot be used as asked."""
+def open_run_dir(output_dir: str | Path, overwrite: bool = False, resume: bool = False,
+                 what: str = "output_dir") -> RunDir:
+    """Lock ``output_dir`` for one run; raise :class:`RunDirError` if it cannot be used as asked (the messages
+    call the directory ``what``)."""
     path = Path(output_dir)
     if path.exists() and not path.is_dir():
-        raise RunDirError(f"output_dir {path} is a file (expected a directory for the run's checkpoints and metrics)")
+        raise RunDirError(f"{what} {path} is a file (expected a directory for the run's checkpoints and metrics)")
     try:
         path.mkdir(parents=True, exist_ok=True)
         fd = os.open(path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-        raise RunDirError(f"output_dir {path} cannot be written: {e.strerror or e} (choose a writable output_dir)") \
+        raise RunDirError(f"{what} {path} cannot be written: {e.strerror or e} (choose a writable output_dir)") \
             from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
-        raise RunDirError(f"output_dir {path} is in use by another run (pid {holder}); wait for it to finish or "
+        raise RunDirError(f"{what} {path} is in use by another run (pid {holder}); wait for it to finish or "
                           "choose another output_dir") from None
     run = RunDir(path, fd)
     try:
         used = previous_run_files(path)
         if used and not (overwrite or resume):
-            raise RunDirError(f"output_dir {path} holds a previous run ({', '.join(used)}); pass --overwrite to "
+            raise RunDirError(f"{what} {path} holds a previous run ({', '.join(used)}); pass --overwrite to "
                               "replace it or --resume to continue it, or choose another output_dir")
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -93,7 +95,7 @@ def open_run_dir(output_dir: str | Path, overwrite: bool = False, resume: bool =
         recover_checkpoints(path)
     except OSError as e:
         run.close()
-        raise RunDirError(f"output_dir {path} cannot be written: {e.strerror or e}") from None
+        raise RunDirError(f"{what} {path} cannot be written: {e.strerror or e}") from None
     except BaseException:
         run.close()
         raise
