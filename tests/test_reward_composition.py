@@ -1,5 +1,7 @@
 """Reward composition: weights, one metric per component, failing components contained, step scorers."""
 
+import time
+
 import pytest
 
 from posttrain.config import ConfigError, RewardSection
@@ -80,3 +82,31 @@ def test_bad_component_names_are_config_errors():
         _compose([{"name": "corectness"}])
     with pytest.raises(ConfigError, match="twice"):
         _compose([{"name": "format"}, {"name": "format"}])
+
+
+@pytest.mark.parametrize("component, says", [
+    ({"name": "format", "kwargs": {"patern": "Answer"}}, "reward component 'format': got an unexpected keyword "
+     "argument 'patern' (its kwargs: pattern)"),
+    ({"name": "format", "kwargs": {"pattern": "(Answer"}}, "kwargs {'pattern': '(Answer'} do not work: missing )"),
+    ({"name": "length", "kwargs": {"max_tokens": 5, "free_tokens": 10}}, "needs max_tokens > free_tokens"),
+    ({"name": "user_rewards:answer_length_bonus", "kwargs": {"per_character": 0.1}},
+     "unexpected keyword argument 'per_character' (its kwargs: per_char)"),
+])
+def test_component_kwargs_that_cannot_work_stop_the_run_before_it_trains_on_zeros(component, says):
+    with pytest.raises(ConfigError) as e:
+        _compose([{"name": "correctness"}, component])
+    assert says in str(e.value)
+    with pytest.raises(ConfigError, match="step scorer 'tool_call': got an unexpected keyword argument 'weight'"):
+        _compose([{"name": "correctness"}], [{"name": "tool_call", "kwargs": {"weight": 0.1}}])
+
+
+def test_a_format_pattern_that_backtracks_on_a_reply_costs_that_reply_not_the_run():
+    """(a|aa)+$ on forty a's and a '!' tries every way to split them into ones and twos (165 million) before it
+    fails: Python's `re` holds the trainer about a minute here (1.6 times longer per further a); with the time
+    limit that reply scores 0 and counts as an error, and the others are scored."""
+    replies = [_traj([("a" * 40 + "!", 0.0, {})]), _traj([("aaa", 0.0, {})])]
+    started = time.monotonic()
+    out = _compose([{"name": "format", "kwargs": {"pattern": r"(a|aa)+$"}}], trajectories=replies)
+    assert time.monotonic() - started < 10
+    assert out.total == [0.0, 1.0]
+    assert out.metrics["reward/format_errors"] == 1.0

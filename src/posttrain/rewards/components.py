@@ -8,12 +8,16 @@ turn's step reward, which is what per-turn credit (``algorithm.credit: turn``, P
 
 from __future__ import annotations
 
-import re
+# `regex` rather than `re`: the same patterns, with a time limit per search. A user's pattern runs on untrusted
+# replies inside the trainer; one that backtracks badly on some reply must cost that reply, not stall training.
+import regex
 
 from posttrain.types import Step, Trajectory
 
 # A final answer the reader can find: "Answer: 12", "answer is 12", "= 12" at the end, "\boxed{12}".
 DEFAULT_FORMAT = r"(?i)(answer\s*(is|:)|\\boxed\{|final answer)"
+# Seconds a ``format`` search may take on one reply; past it the reply scores 0 and counts as the component's error.
+FORMAT_SECONDS = 0.05
 
 
 def correctness(trajectory: Trajectory) -> float:
@@ -22,9 +26,10 @@ def correctness(trajectory: Trajectory) -> float:
 
 
 def answer_format(trajectory: Trajectory, pattern: str = DEFAULT_FORMAT) -> float:
-    """1 when the last turn's text matches the regular expression ``pattern``, else 0."""
+    """1 when the last turn's text matches the regular expression ``pattern``, else 0 (a search that takes longer
+    than :data:`FORMAT_SECONDS` raises TimeoutError)."""
     last = trajectory.steps[-1].action if trajectory.steps else ""
-    return float(re.search(pattern, last) is not None)
+    return float(regex.search(pattern, last, timeout=FORMAT_SECONDS) is not None)
 
 
 def _valid_call(step: Step) -> bool:

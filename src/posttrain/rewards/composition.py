@@ -13,13 +13,14 @@ on. Trajectories whose environment failed get reward 0 and are not scored.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from posttrain.config import ConfigError, RewardSection
 from posttrain.rewards.components import COMPONENTS, STEP_SCORERS
-from posttrain.types import Rewards, Trajectory
+from posttrain.types import Rewards, Task, Trajectory
 
 
 class BatchScorer(Protocol):
@@ -58,6 +59,20 @@ def import_function(path: str, what: str) -> Callable[..., Any]:
     return fn
 
 
+def check_arguments(fn: Callable[..., Any], leading: int, kwargs: dict[str, Any], what: str) -> None:
+    """ConfigError naming ``what`` unless ``fn`` takes ``leading`` positional arguments and ``kwargs``: a misspelled
+    kwarg would otherwise fail every call, each counted as an error, and the run would train on zeros."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (some builtins): the calls will tell
+        return
+    try:
+        signature.bind(*[None] * leading, **kwargs)
+    except TypeError as e:
+        takes = [p for p in list(signature.parameters)[leading:]]
+        raise ConfigError(f"{what}: {e} (its kwargs: {', '.join(takes) or 'none'})") from None
+
+
 def _finite(value: Any) -> float:
     out = float(value)
     if not math.isfinite(out):
@@ -82,6 +97,15 @@ class _Component:
         else:
             self.function = import_function(name, "reward component")
         self.kwargs = kwargs if self.function is not None else {}
+        if self.function is not None:
+            check_arguments(self.function, 1, kwargs, f"reward component {name!r}")
+        if name in COMPONENTS:
+            # A built-in is ours to try once: a kwarg it rejects (a pattern that does not compile, max_tokens not
+            # above free_tokens) fails here, not as an error count on every trajectory of the run.
+            try:
+                self.function(Trajectory(Task("check", ""), [], [], [], []), **kwargs)
+            except Exception as e:  # noqa: BLE001 - whatever the kwarg makes it raise
+                raise ConfigError(f"reward component {name!r}: kwargs {kwargs} do not work: {e}") from None
 
     @property
     def dense(self) -> bool:
@@ -129,6 +153,8 @@ class RewardComposer:
         self.components = [_Component(c.name, c.weight, dict(c.kwargs)) for c in cfg.components]
         self.scorers = [(s.name, s.weight, STEP_SCORERS.get(s.name) or import_function(s.name, "step scorer"),
                          dict(s.kwargs)) for s in cfg.step_scorers]
+        for name, _, fn, kwargs in self.scorers:
+            check_arguments(fn, 3, kwargs, f"step scorer {name!r}")
         self.correctness_weight = sum(c.weight for c in self.components if c.name == "correctness")
 
     def __call__(self, trajectories: list[Trajectory], group_size: int = 1) -> Rewards:
