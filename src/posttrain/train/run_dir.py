@@ -1,6 +1,7 @@
 """The run directory (``output_dir``): one writer at a time, and no silent mixing of two runs.
 
-``open_run_dir`` is what a command that writes a run (train, dpo, sft) does first:
+``open_run_dir`` is what a command that writes a run (train, dpo, sft; rm train and prm train on their logs
+directory) does first:
 
 - it checks that ``output_dir`` is (or can be made) a writable directory, so a path that is a
   file, read-only or not creatable stops before any model is loaded;
