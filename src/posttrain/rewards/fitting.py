@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 
 from posttrain.config import ConfigError, RunConfig
-from posttrain.data.store import DataError
 from posttrain.train.checkpoint import save_checkpoint
 from posttrain.train.epochs import epoch_batches
 from posttrain.train.metrics import MetricsLogger
 from posttrain.train.optimizer import adamw
 from posttrain.train.resume import (
+    check_examples,
     check_resumable,
     cut_metrics,
     load_trainer_state,
@@ -119,12 +119,7 @@ class Fit:
         checkpoint that cannot be restored leaves the logs as they were)."""
         check_resumable(checkpoint, self.cfg, self.fields)  # an earlier run's, left by --overwrite, may differ
         state = load_trainer_state(checkpoint, ("examples", "measured"))
-        with restoring(checkpoint):
-            count, digest = state["examples"]
-        if digest != self.digest:
-            raise DataError(f"--resume: the training examples are not the ones {checkpoint} was trained on "
-                            f"({self.examples} now, {count} then): {self.source} changed since the run began; "
-                            "expected the same data, or a new run")
+        check_examples(checkpoint, state["examples"], self.examples, self.digest, self.source)
         load_weights(self.head, checkpoint / "model")
         with restoring(checkpoint):
             self.optimizer.load_state_dict(state["optimizer"])

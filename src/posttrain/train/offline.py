@@ -36,7 +36,14 @@ from posttrain.models import Policy
 from posttrain.train.context import ProgressHook, RunContext, TrainResult
 from posttrain.train.epochs import epoch_batches, examples_digest
 from posttrain.train.optimizer import adamw, lr_schedule
-from posttrain.train.resume import cut_run_dir, load_trainer_state, load_weights, restoring, resume_from
+from posttrain.train.resume import (
+    check_examples,
+    cut_run_dir,
+    load_trainer_state,
+    load_weights,
+    restoring,
+    resume_from,
+)
 from posttrain.train.stats import RunningStats
 from posttrain.train.stopping import RunGuard
 from posttrain.types import Batch, Trajectory
@@ -224,14 +231,9 @@ class OfflineTrainer:
         """Continue exactly where ``checkpoint`` left off; the run directory is cut back to its step (last, so
         that a checkpoint that cannot be restored leaves the run directory as it was)."""
         state = load_trainer_state(checkpoint, ("reference", "examples"))
-        with restoring(checkpoint):
-            count, digest = state["examples"]
-        if digest != self.examples_digest:
-            source = f"sft.demonstrations ({self.cfg.sft.demonstrations})" if self.off.method == "sft" \
-                else f"offline.store ({self.off.store})"
-            raise DataError(f"--resume: the training examples are not the ones {checkpoint} was trained on "
-                            f"({len(self.examples)} now, {count} then): {source} changed since the run began; "
-                            "expected the same data, or a new run")
+        source = f"sft.demonstrations ({self.cfg.sft.demonstrations})" if self.off.method == "sft" \
+            else f"offline.store ({self.off.store})"
+        check_examples(checkpoint, state["examples"], len(self.examples), self.examples_digest, source)
         load_weights(self.policy, checkpoint / "model")
         with restoring(checkpoint):
             self.optimizer.load_state_dict(state["optimizer"])

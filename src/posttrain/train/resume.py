@@ -265,6 +265,16 @@ def load_state_file(path: Path, keys: tuple[str, ...], what: str) -> dict[str, A
     return state
 
 
+def check_examples(checkpoint: Path, saved: Any, count: int, digest: str, source: str) -> None:
+    """The checkpoint's ``[count, digest]`` of the examples it was trained on must match this run's (see
+    ``train.epochs.examples_digest``); else a DataError saying that ``source`` changed since the run began."""
+    with restoring(checkpoint):
+        then, saved_digest = saved
+    if saved_digest != digest:
+        raise DataError(f"--resume: the training examples are not the ones {checkpoint} was trained on ({count} now, "
+                        f"{then} then): {source} changed since the run began; expected the same data, or a new run")
+
+
 @contextmanager
 def restoring(checkpoint: Path, file: str = "trainer_state.pt") -> Iterator[None]:
     """Around a trainer's restore from ``checkpoint``'s state (``file`` in it): what ``load_state_dict`` and the
