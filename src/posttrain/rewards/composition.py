@@ -69,7 +69,7 @@ def check_arguments(fn: Callable[..., Any], leading: int, kwargs: dict[str, Any]
     try:
         signature.bind(*[None] * leading, **kwargs)
     except TypeError as e:
-        takes = [p for p in list(signature.parameters)[leading:]]
+        takes = list(signature.parameters)[leading:]
         raise ConfigError(f"{what}: {e} (its kwargs: {', '.join(takes) or 'none'})") from None
 
 

@@ -184,12 +184,10 @@ def save_labelling(path: Path, labelling: Labelling, rng: dict) -> None:
              "held": [_solution_state(s) for s in labelling.held], "tasks_done": labelling.tasks_done,
              "seconds": labelling.seconds, "rng": rng}
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
